@@ -1,0 +1,145 @@
+"""The body of one sweep job, run in a Ray worker process.
+
+Imports nothing heavy at module level: Hydra imports this module during plugin
+discovery. Ray's worker imports it by reference when it unpickles the task.
+"""
+
+import logging
+import os
+import socket
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepState:
+    """What every job of a sweep shares. Shipped to the cluster once and
+    unpickled once per worker process, not once per job."""
+
+    hydra_context: HydraContext
+    task_function: TaskFunction
+    config: DictConfig
+    singleton_state: dict[str, Any]
+    # The launching process's working dir: relative sweep dirs resolve against it.
+    cwd: str
+
+
+def capture_sweep_state(
+    hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+) -> SweepState:
+    return SweepState(
+        hydra_context=hydra_context,
+        task_function=task_function,
+        config=config,
+        singleton_state=Singleton.get_state(),
+        cwd=str(config.hydra.runtime.cwd),
+    )
+
+
+@dataclass
+class JobOutcome:
+    """A job's `JobReturn` and where and when it ran."""
+
+    idx: int
+    job_return: JobReturn
+    started: float
+    ended: float
+    node: str
+    pid: int = field(default_factory=os.getpid)
+
+    @property
+    def duration(self) -> float:
+        return self.ended - self.started
+
+
+class JobError(RuntimeError):
+    """Stands for a job's exception that could not travel back from the worker,
+    or for a job that ended without returning (its process or node died)."""
+
+
+# The SweepState this worker process unpickled last, by key.
+_restored: dict[str, SweepState] = {}
+
+
+def _restore(state_key: str, packed_state: list[Any]) -> SweepState:
+    state = _restored.get(state_key)
+    if state is None:
+        import ray
+
+        state = cloudpickle.loads(ray.get(packed_state[0]))
+        assert isinstance(state, SweepState)
+        _restored.clear()
+        _restored[state_key] = state
+    # Restoring Hydra's singletons re-scans every plugin: do it for the first job
+    # of a sweep in this process, or when another sweep's jobs ran in between.
+    if Singleton._instances is not state.singleton_state["instances"]:
+        Singleton.set_state(state.singleton_state)
+    return state
+
+
+def run_one_job(
+    state_key: str, packed_state: list[Any], idx: int, overrides: Sequence[str]
+) -> JobOutcome:
+    """Compose job `idx`'s config from its overrides and run it with `run_job`.
+
+    `packed_state` is a one-element list holding the object-store ref of the
+    pickled SweepState: wrapped so that Ray does not fetch and unpickle it for
+    every task; it is fetched only by a worker that has not restored it yet.
+    """
+    started = time.time()
+    node = socket.gethostname()
+    state = _restore(state_key, packed_state)
+    try:
+        os.makedirs(state.cwd, exist_ok=True)
+        os.chdir(state.cwd)
+        sweep_config = state.hydra_context.config_loader.load_sweep_config(
+            state.config, list(overrides)
+        )
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = idx
+            sweep_config.hydra.job.num = idx
+        HydraConfig.instance().set_config(sweep_config)
+        job_return = run_job(
+            hydra_context=state.hydra_context,
+            task_function=state.task_function,
+            config=sweep_config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    except Exception as exc:  # composing the config failed: the job never ran
+        job_return = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+        job_return.return_value = exc
+    if job_return.status == JobStatus.FAILED:
+        job_return.return_value = _portable_error(job_return._return_value, idx, node)
+    return JobOutcome(idx=idx, job_return=job_return, started=started, ended=time.time(),
+                      node=node)
+
+
+def _portable_error(exc: BaseException, idx: int, node: str) -> BaseException:
+    """The job's exception, made to cross process boundaries with its traceback.
+
+    The traceback object does not pickle, so its text goes into the exception's
+    notes (printed by Python 3.11+) and into the job's log file.
+    """
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    log.error("Job #%d failed on %s (pid %d):\n%s", idx, node, os.getpid(), text)
+    try:
+        cloudpickle.loads(cloudpickle.dumps(exc))
+    except Exception:
+        exc = JobError(f"{type(exc).__name__}: {exc}")
+    notes = list(getattr(exc, "__notes__", []))
+    notes.append(f"[job #{idx} on {node}, pid {os.getpid()}]\n{text.rstrip()}")
+    exc.__notes__ = notes
+    return exc

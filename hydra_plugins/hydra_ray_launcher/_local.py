@@ -1,0 +1,80 @@
+"""Launch of the `ray` launcher: start or connect to Ray once per process, ship
+the sweep state once, run the engine."""
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hydra.core.utils import JobReturn, configure_log, setup_globals
+from omegaconf import OmegaConf
+
+from . import _engine
+from ._jobs import capture_sweep_state
+from ._validate import ConfigError, ray_init_kwargs
+
+if TYPE_CHECKING:
+    from .ray_launcher import RayLauncher
+
+log = logging.getLogger(__name__)
+
+# True once this process has started (or connected to) Ray through ray.init()
+# itself, as opposed to finding Ray already initialised by the user's code.
+_ray_initialised_here = False
+
+
+def launch(
+    launcher: "RayLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> Sequence[JobReturn]:
+    assert launcher.config is not None
+    assert launcher.hydra_context is not None
+    assert launcher.task_function is not None
+    config = launcher.config
+    setup_globals()
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    log.info(f"Ray Launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
+    init = OmegaConf.to_container(launcher.ray.init, resolve=True)
+    remote = OmegaConf.to_container(launcher.ray.remote, resolve=True)
+    assert isinstance(init, dict) and isinstance(remote, dict)
+    start_ray(init)
+    try:
+        if launcher.shipped is None or not launcher.shipped.is_current():
+            state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
+            launcher.shipped = _engine.ship_state(state)
+        return _engine.run_jobs(launcher.shipped, job_overrides, initial_job_idx, remote)
+    except KeyboardInterrupt:
+        stop_ray()
+        raise
+
+
+def start_ray(init: dict[str, object]) -> None:
+    """ray.init() with the user's options, unless Ray is already initialised in
+    this process (an earlier batch of this sweep, or the user's own code)."""
+    import ray
+
+    global _ray_initialised_here
+    if ray.is_initialized():
+        return
+    kwargs = ray_init_kwargs(init)
+    log.info(f"Initializing ray with config: {kwargs}")
+    try:
+        ray.init(**kwargs)
+    except (ValueError, TypeError, RuntimeError, ConnectionError) as exc:
+        raise ConfigError(
+            f"ray.init() refused hydra.launcher.ray.init {kwargs}: {exc}"
+        ) from exc
+    _ray_initialised_here = True
+
+
+def stop_ray() -> None:
+    """Shut down the Ray this launcher started, so that no worker outlives an
+    interrupted sweep; a Ray the user initialised is theirs to stop."""
+    import ray
+
+    global _ray_initialised_here
+    if _ray_initialised_here and ray.is_initialized():
+        log.warning("Shutting down Ray")
+        ray.shutdown()
+        _ray_initialised_here = False
