@@ -5,8 +5,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -32,12 +32,25 @@ def ray_session() -> Iterator[str]:
         ray.shutdown()
 
 
+@dataclass
+class AppRun:
+    returncode: int
+    # Hydra logs to stdout, Ray and Python's tracebacks to stderr: a user sees both.
+    output: str
+
+
 def run_app(
-    app: str, *overrides: str, cwd: Path, timeout: float = 180, **popen: Any
-) -> subprocess.CompletedProcess[str]:
+    app: str, *overrides: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180
+) -> AppRun:
     """Run `python tests/apps/<app> --multirun <overrides>` in `cwd`."""
-    env = {**os.environ, "HYDRA_FULL_ERROR": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.run(
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    res = subprocess.run(
         [sys.executable, str(APPS / app), "--multirun", *overrides],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, **popen,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
     )
+    return AppRun(res.returncode, res.stdout)

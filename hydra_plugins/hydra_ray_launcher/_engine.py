@@ -120,9 +120,11 @@ def _outcome(ref: Any, idx: int, overrides: Sequence[str], submitted: float) -> 
     except ray.exceptions.RayError as exc:
         cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
         reason = f"{type(cause).__name__}: {cause}".strip()
-        error = JobError(f"Job #{idx} ({describe(overrides) or 'no overrides'}) did not "
-                         f"complete: {reason}")
+        error = JobError(
+            f"Job #{idx} ({describe(overrides) or 'no overrides'}) did not complete: {reason}"
+        )
         job_return = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
         job_return.return_value = error
-        return JobOutcome(idx=idx, job_return=job_return, started=submitted, ended=time.time(),
-                          node="?")
+        return JobOutcome(
+            idx=idx, job_return=job_return, started=submitted, ended=time.time(), node="?"
+        )

@@ -7,8 +7,10 @@ discovery. Ray's worker imports it by reference when it unpickles the task.
 import logging
 import os
 import socket
+import sys
 import time
 import traceback
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +36,8 @@ class SweepState:
     singleton_state: dict[str, Any]
     # The launching process's working dir: relative sweep dirs resolve against it.
     cwd: str
+    # The app's script, whose functions cloudpickle ships by value.
+    main_file: str | None
 
 
 def capture_sweep_state(
@@ -45,6 +49,7 @@ def capture_sweep_state(
         config=config,
         singleton_state=Singleton.get_state(),
         cwd=str(config.hydra.runtime.cwd),
+        main_file=getattr(sys.modules.get("__main__"), "__file__", None),
     )
 
 
@@ -80,6 +85,8 @@ def _restore(state_key: str, packed_state: list[Any]) -> SweepState:
 
         state = cloudpickle.loads(ray.get(packed_state[0]))
         assert isinstance(state, SweepState)
+        if state.main_file is not None:
+            _name_script_code(state.task_function, state.main_file)
         _restored.clear()
         _restored[state_key] = state
     # Restoring Hydra's singletons re-scans every plugin: do it for the first job
@@ -87,6 +94,27 @@ def _restore(state_key: str, packed_state: list[Any]) -> SweepState:
     if Singleton._instances is not state.singleton_state["instances"]:
         Singleton.set_state(state.singleton_state)
     return state
+
+
+def _name_script_code(task_function: Any, main_file: str) -> None:
+    """cloudpickle names the code of functions it ships by value "<dynamic-code>";
+    naming it after the app's script again lets job tracebacks show source lines."""
+    seen: set[int] = set()
+
+    def rename(code: types.CodeType) -> types.CodeType:
+        consts = tuple(rename(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+        return code.replace(co_filename=main_file, co_consts=consts)
+
+    def visit(obj: Any) -> None:
+        if not isinstance(obj, types.FunctionType) or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if obj.__code__.co_filename == "<dynamic-code>":
+            obj.__code__ = rename(obj.__code__)
+            for value in list(obj.__globals__.values()):  # the script's helpers it calls
+                visit(value)
+
+    visit(task_function)
 
 
 def run_one_job(
@@ -123,8 +151,7 @@ def run_one_job(
         job_return.return_value = exc
     if job_return.status == JobStatus.FAILED:
         job_return.return_value = _portable_error(job_return._return_value, idx, node)
-    return JobOutcome(idx=idx, job_return=job_return, started=started, ended=time.time(),
-                      node=node)
+    return JobOutcome(idx=idx, job_return=job_return, started=started, ended=time.time(), node=node)
 
 
 def _portable_error(exc: BaseException, idx: int, node: str) -> BaseException:
@@ -139,7 +166,7 @@ def _portable_error(exc: BaseException, idx: int, node: str) -> BaseException:
         cloudpickle.loads(cloudpickle.dumps(exc))
     except Exception:
         exc = JobError(f"{type(exc).__name__}: {exc}")
-    notes = list(getattr(exc, "__notes__", []))
-    notes.append(f"[job #{idx} on {node}, pid {os.getpid()}]\n{text.rstrip()}")
-    exc.__notes__ = notes
+    notes = [*getattr(exc, "__notes__", []), f"[job #{idx} on {node}, pid {os.getpid()}]\n{text}"]
+    # What add_note() does on Python 3.11+, also on 3.10.
+    exc.__notes__ = notes  # type: ignore[attr-defined]
     return exc

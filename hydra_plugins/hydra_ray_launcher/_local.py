@@ -2,12 +2,13 @@
 the sweep state once, run the engine."""
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn, configure_log, setup_globals
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from . import _engine
 from ._jobs import capture_sweep_state
@@ -30,14 +31,16 @@ def launch(
     assert launcher.hydra_context is not None
     assert launcher.task_function is not None
     config = launcher.config
+    # Each job's own lines matter in a sweep: Ray's log deduplication (read when
+    # ray is imported) would fold "similar" lines of different jobs into one.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     log.info(f"Ray Launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
-    init = OmegaConf.to_container(launcher.ray.init, resolve=True)
-    remote = OmegaConf.to_container(launcher.ray.remote, resolve=True)
-    assert isinstance(init, dict) and isinstance(remote, dict)
+    init = _as_dict(launcher.ray.init)
+    remote = _as_dict(launcher.ray.remote)
     start_ray(init)
     try:
         if launcher.shipped is None or not launcher.shipped.is_current():
@@ -49,7 +52,13 @@ def launch(
         raise
 
 
-def start_ray(init: dict[str, object]) -> None:
+def _as_dict(node: DictConfig) -> dict[str, Any]:
+    container = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(container, dict)
+    return {str(k): v for k, v in container.items()}
+
+
+def start_ray(init: dict[str, Any]) -> None:
     """ray.init() with the user's options, unless Ray is already initialised in
     this process (an earlier batch of this sweep, or the user's own code)."""
     import ray
@@ -62,8 +71,13 @@ def start_ray(init: dict[str, object]) -> None:
     try:
         ray.init(**kwargs)
     except (ValueError, TypeError, RuntimeError, ConnectionError) as exc:
+        # Ray's reason is often in the chained cause (e.g. a missing auth token).
+        reasons, cause = [f"{type(exc).__name__}: {exc}"], exc.__cause__
+        while cause is not None:
+            reasons.append(f"{type(cause).__name__}: {cause}")
+            cause = cause.__cause__
         raise ConfigError(
-            f"ray.init() refused hydra.launcher.ray.init {kwargs}: {exc}"
+            f"ray.init() refused hydra.launcher.ray.init {kwargs}: " + "; caused by ".join(reasons)
         ) from exc
     _ray_initialised_here = True
 

@@ -1,5 +1,5 @@
-"""A test app: each job records when it ran, sleeps, and then succeeds, raises,
-or kills its own process, as its `mode` says."""
+"""A test app: each job records when and where it ran, sleeps, and then
+succeeds, raises, or kills its own process, as the config says for its `x`."""
 
 import json
 import os
@@ -19,11 +19,18 @@ def main(cfg: DictConfig) -> int:
     started = time.time()
     (out / f"started_{num}").write_text(str(os.getpid()))
     time.sleep(cfg.seconds)
-    if cfg.mode == "raise":
+    if cfg.x in cfg.raise_on:
         raise ValueError(f"job {num} was told to raise")
-    if cfg.mode == "die":
+    if cfg.x in cfg.die_on:
         os._exit(3)
-    record = {"num": num, "x": cfg.x, "start": started, "end": time.time(), "pid": os.getpid()}
+    record = {
+        "num": num,
+        "x": cfg.x,
+        "start": started,
+        "end": time.time(),
+        "pid": os.getpid(),
+        "sid": os.getsid(0),
+    }
     (out / f"done_{num}.json").write_text(json.dumps(record))
     return int(cfg.x) * 10
 

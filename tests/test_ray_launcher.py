@@ -1,0 +1,344 @@
+"""The `ray` launcher's behaviour, seen as a user sees it: real Hydra apps run as
+subprocesses on a real Ray."""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from .conftest import APPS, SMALL_RAY, run_app
+
+REPO = Path(__file__).parent.parent
+# Ray 2.60 token authentication, off for a cluster and the apps that join it.
+NO_TOKEN = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _records(out: Path) -> dict[int, dict[str, Any]]:
+    return {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in out.glob("done_*.json")}
+
+
+def _max_concurrency(records: list[dict[str, Any]]) -> int:
+    events = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def _processes_in_session(sid: int) -> list[str]:
+    """Live processes of a session (zombies excluded: they are gone, only unreaped)."""
+    ps = subprocess.run(
+        ["ps", "-e", "-ww", "-o", "pid=,sid=,stat=,args="], capture_output=True, text=True
+    )
+    rows = [line.split(None, 3) for line in ps.stdout.splitlines()]
+    return [" ".join(r) for r in rows if len(r) == 4 and int(r[1]) == sid and "Z" not in r[2]]
+
+
+def test_failed_and_killed_jobs_do_not_stop_the_others(ray_session: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    res = run_app(
+        "app.py",
+        "x=1,2,3,4",
+        "raise_on=[2]",
+        "die_on=[3]",
+        "seconds=0.5",
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=tmp_path,
+    )
+    assert res.returncode != 0
+    # The jobs that did not fail ran to the end and left their outputs.
+    assert sorted(_records(sweep / "0")) + sorted(_records(sweep / "3")) == [0, 3]
+    for num in range(4):
+        assert (sweep / str(num) / ".hydra" / "config.yaml").exists() or num == 2
+    # Hydra reports the first failure, as with the basic launcher...
+    assert "ValueError: job 1 was told to raise" in res.output
+    # ...and the job whose process died is named, with its overrides and cause.
+    assert "Job #2 (x=3 raise_on=[2] die_on=[3] seconds=0.5) did not complete" in res.output
+    assert "WorkerCrashedError" in res.output
+    assert "4 jobs done" in res.output and "2 succeeded, 2 failed (#1, #2)" in res.output
+
+
+def test_a_failed_job_keeps_its_traceback_in_its_log(ray_session: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    run_app(
+        "app.py",
+        "x=1,2",
+        "raise_on=[2]",
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=tmp_path,
+    )
+    log = (sweep / "1" / "app.log").read_text()
+    assert "Job #1 failed" in log and 'raise ValueError(f"job {num} was told to raise")' in log
+
+
+def test_batches_share_one_ray_and_number_jobs_on(ray_session: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    res = run_app(
+        "app.py",
+        "x=1,2,3,4,5",
+        "hydra/sweeper=basic",
+        "hydra.sweeper.max_batch_size=2",
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.output
+    assert res.output.count("Initializing ray with config") == 1
+    assert res.output.count("Ray Launcher is launching 2 jobs") == 2
+    for num, x in enumerate([1, 2, 3, 4, 5]):
+        hydra_cfg = OmegaConf.load(sweep / str(num) / ".hydra" / "hydra.yaml")
+        assert hydra_cfg.hydra.job.num == num
+        assert _records(sweep / str(num))[num]["x"] == x
+
+
+@pytest.mark.parametrize(("task_cpus", "expected_concurrency"), [(2, 1), (1, 2)])
+def test_remote_resources_limit_concurrency(
+    ray_session: str, tmp_path: Path, task_cpus: int, expected_concurrency: int
+) -> None:
+    # The session's Ray has 2 CPUs: jobs that each take 2 run one at a time.
+    out = tmp_path / "out"
+    res = run_app(
+        "app.py",
+        "x=1,2,3,4",
+        "seconds=1",
+        f"out={out}",
+        f"hydra.sweep.dir={tmp_path / 's'}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        f"hydra.launcher.ray.remote.num_cpus={task_cpus}",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.output
+    records = list(_records(out).values())
+    assert len(records) == 4
+    assert _max_concurrency(records) == expected_concurrency
+
+
+def test_ctrl_c_cancels_jobs_and_stops_ray(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(APPS / "app.py"),
+            "--multirun",
+            "x=1,2,3,4",
+            "seconds=120",
+            f"out={out}",
+            f"hydra.sweep.dir={tmp_path / 's'}",
+            *SMALL_RAY,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("started_*"))) < 2:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "jobs never started"
+            time.sleep(0.2)
+        running = _processes_in_session(proc.pid)
+        assert any("raylet" in p for p in running), running
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - interrupted
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert took < 10, f"took {took:.1f} s to exit"
+    assert "Interrupted: cancelling 4 unfinished jobs" in output
+    time.sleep(1)  # processes killed by Ray's shutdown may take a moment to be reaped
+    assert _processes_in_session(proc.pid) == []
+    assert list(out.glob("done_*")) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def existing_cluster() -> Iterator[tuple[str, int]]:
+    """A Ray cluster started with `ray start --head` on this machine, stopped after
+    the test by killing its process group (never `ray stop`, which would stop
+    every Ray on the machine)."""
+    port = _free_port()
+    # A short, private temp dir: Ray's socket paths must stay short, and its
+    # record of "the latest cluster" must not leak to other tests.
+    temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
+    head = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--temp-dir={temp_dir}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, **NO_TOKEN},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
+            time.sleep(0.5)
+        time.sleep(2)  # the raylet registers shortly after the GCS port opens
+        yield f"localhost:{port}", head.pid
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its processes
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(timeout=15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)  # and whatever did not stop in time
+
+
+def test_runs_on_an_existing_cluster_with_the_guides_command_line(
+    existing_cluster: tuple[str, int], tmp_path: Path
+) -> None:
+    address, head_sid = existing_cluster
+    out = tmp_path / "out"
+    # The guide's command line, verbatim apart from the address.
+    res = run_app(
+        "app.py",
+        "x=1,2",
+        f"out={out}",
+        f"hydra.sweep.dir={tmp_path / 's'}",
+        f"hydra.launcher.ray.init.address={address}",
+        "hydra.launcher.ray.init.num_cpus=4",
+        "hydra.launcher.ray.init.num_gpus=0",
+        "hydra.launcher.ray.remote.memory=1024000000",
+        cwd=tmp_path,
+        env=NO_TOKEN,
+    )
+    assert res.returncode == 0, res.output
+    assert f"Initializing ray with config: {{'address': '{address}'}}" in res.output
+    assert "hydra.launcher.ray.init.num_cpus=4 is ignored" in res.output
+    # The jobs ran in the cluster's own worker processes.
+    records = _records(out)
+    assert sorted(records) == [0, 1]
+    assert {r["sid"] for r in records.values()} == {head_sid}
+
+
+def test_connection_errors_say_why(ray_session: str, tmp_path: Path) -> None:
+    # The session's Ray requires a token; a driver without one is refused.
+    res = run_app(
+        "app.py",
+        "x=1",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=tmp_path,
+        env=NO_TOKEN,
+    )
+    assert res.returncode != 0
+    assert f"ray.init() refused hydra.launcher.ray.init {{'address': '{ray_session}'}}" in (
+        res.output
+    )
+    assert "Authentication token is missing or incorrect" in res.output
+
+
+def test_config_keys_of_the_guide_exist_without_plus(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(APPS / "app.py"),
+            "hydra.launcher.ray.init.num_cpus=4",
+            "hydra.launcher.ray.remote.memory=1024000000",
+            "+hydra.launcher.ray.init.foo=bar",
+            "--cfg",
+            "hydra",
+            "-p",
+            "hydra.launcher",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    printed = OmegaConf.create(res.stdout)
+    assert printed._target_ == "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
+    assert printed.ray.init == {**printed.ray.init, "address": None, "num_cpus": 4, "foo": "bar"}
+    assert printed.ray.remote.memory == 1024000000
+    assert printed.ray.remote.num_gpus is None
+
+
+def test_bad_values_name_the_key_before_any_job_runs(ray_session: str, tmp_path: Path) -> None:
+    res = run_app("app.py", "x=1", "hydra.launcher.ray.init.num_cpus=lots", cwd=tmp_path)
+    assert res.returncode != 0
+    assert "hydra.launcher.ray.init.num_cpus" in res.output and "lots" in res.output
+
+    out = tmp_path / "out"
+    res = run_app(
+        "app.py",
+        "x=1",
+        f"out={out}",
+        "+hydra.launcher.ray.remote.num_cpuz=1",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=tmp_path,
+    )
+    assert res.returncode != 0
+    assert "hydra.launcher.ray.remote is not valid for ray.remote()" in res.output
+    assert "num_cpuz" in res.output
+    assert not out.exists()
+
+
+def test_plugin_discovery_does_not_import_ray() -> None:
+    code = (
+        "import sys\n"
+        "from hydra.core.plugins import Plugins\n"
+        "from hydra.core.config_store import ConfigStore\n"
+        "from hydra.plugins.launcher import Launcher\n"
+        "names = [p.__name__ for p in Plugins.instance().discover(Launcher)]\n"
+        "assert 'RayLauncher' in names, names\n"
+        "assert 'ray.yaml' in ConfigStore.instance().list('hydra/launcher')\n"
+        "heavy = [m for m in ('ray', 'boto3', 'botocore') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_example_simple_runs_on_local_ray(ray_session: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "simple" / "my_app.py"),
+            "--multirun",
+            "task=1,2,3",
+            "hydra/launcher=ray",
+            f"hydra.sweep.dir={sweep}",
+            f"hydra.launcher.ray.init.address={ray_session}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stderr
+    for num in range(3):
+        assert f"Executing task {num + 1}" in (sweep / str(num) / "my_app.log").read_text()
