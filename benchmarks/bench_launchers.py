@@ -66,14 +66,16 @@ def main() -> None:
     )
     args = parser.parse_args()
     if importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "hydra-joblib-launcher"],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "hydra-joblib-launcher"], check=True
+        )
     ray_overrides = [f"hydra.launcher.ray.init.{o}" for o in args.ray_init]
     with tempfile.TemporaryDirectory() as scratch:
         cwd = Path(scratch)
         fixed = ray_fixed_cost(args.runs, args.ray_init, cwd)
-        print(f"Ray's fixed cost (start + shut down, no jobs): {fixed:.2f} s "
-              f"(median of {args.runs})")
+        print(
+            f"Ray's fixed cost (start + shut down, no jobs): {fixed:.2f} s (median of {args.runs})"
+        )
         for name in args.scenario or list(SCENARIOS):
             title, sweep = SCENARIOS[name]
             print(f"\n{title}: median wall of {args.runs} runs")
@@ -85,8 +87,10 @@ def main() -> None:
                 ratio = walls[launcher] / walls["basic"]
                 print(f"  {launcher:7s} {walls[launcher]:8.2f} s   {ratio:5.2f} x basic")
             net = walls["ray"] - fixed
-            print(f"  ray net of Ray's fixed cost: {net:.2f} s; "
-                  f"ray / joblib: {walls['ray'] / walls['joblib']:.2f}")
+            print(
+                f"  ray net of Ray's fixed cost: {net:.2f} s; "
+                f"ray / joblib: {walls['ray'] / walls['joblib']:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,14 +1,23 @@
 """Structured configs of the launchers, registered in Hydra's ConfigStore when
-Hydra scans its plugins.
+Hydra scans its plugins, and the resolvers their defaults use.
 
 Hydra imports this module at every start of every app (plugin discovery), so it
-imports nothing heavy: no ray, no boto3.
+imports nothing heavy: no ray, no boto3; the resolvers read installed versions
+from package metadata.
 """
 
+import functools
+import importlib.metadata
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+# The plugin's version. It lives here, not in __init__, because __init__ imports
+# this module before anything else and the cluster's pip packages pin it.
+__version__ = "2.0.0.dev0"
 
 
 @dataclass
@@ -71,7 +80,305 @@ class RayLauncherConf:
     ray: RayConf = field(default_factory=RayConf)
 
 
+# ---- The cluster launchers (`ray_aws`, `ray_cluster`) ----
+
+
+@dataclass
+class EnvSetupConf:
+    """How the cluster's nodes get the Python environment the jobs need. At launch
+    both become the first entries of `ray.cluster.setup_commands`: `commands`,
+    then one `pip install` per package, then the user's own setup_commands."""
+
+    # pip package -> version installed on every node (`pip install NAME==VERSION`;
+    # null: the newest). Pinned to this machine's versions, so that the pickled
+    # job spec loads on the cluster. `ray` installs `ray[default]` (the cluster
+    # needs its dashboard and runtime-env agent); `_` in a name means `-`.
+    pip_packages: dict[str, str | None] = field(
+        default_factory=lambda: {
+            "omegaconf": "${ray_pkg_version:omegaconf}",
+            "hydra_core": "${ray_pkg_version:hydra}",
+            "ray": "${ray_pkg_version:ray}",
+            "cloudpickle": "${ray_pkg_version:cloudpickle}",
+            "hydra_ray_launcher": __version__,
+        }
+    )
+    # Shell commands run on every node before the pip installs. The default makes a
+    # conda env with this machine's Python and puts it first on PATH (Ray runs every
+    # remote command in a login shell that sources ~/.bashrc).
+    commands: list[str] = field(
+        default_factory=lambda: [
+            "conda create -n hydra_${python_version:micro} python=${python_version:micro} -y",
+            "echo 'export PATH=\"$HOME/anaconda3/envs/hydra_${python_version:micro}/bin:$PATH\"' "
+            ">> ~/.bashrc",
+        ]
+    )
+
+
+@dataclass
+class RayClusterConf:
+    """Ray's cluster config (the YAML of `ray up`), key for key: every key means
+    what Ray's cluster launcher docs say. Null means Ray's default for the
+    provider (the key is not passed to Ray). Add any other key of Ray's schema
+    with `+hydra.launcher.ray.cluster.KEY=VALUE` (e.g. rsync_exclude)."""
+
+    # Names the cluster's nodes: a second launch with the same name reuses them.
+    cluster_name: str | None = "default"
+    # Legacy global minimum of workers; Ray now reads min_workers per node type
+    # (except for provider local, where it is the number of worker_ips to use).
+    min_workers: int | None = 0
+    # How fast the autoscaler adds nodes: up to this times the current number at once.
+    upscaling_speed: float | None = 1.0
+    # Most worker nodes at once, all node types together.
+    max_workers: int | None = 1
+    # Idle workers are removed after this many minutes.
+    idle_timeout_minutes: float | None = 5
+    # Run Ray and the jobs in this image's container; image '' means no docker.
+    docker: dict[str, Any] = field(
+        default_factory=lambda: {
+            "image": "",
+            "container_name": "",
+            "pull_before_run": True,
+            "run_options": [],
+        }
+    )
+    # The cloud or machines the nodes come from: `type` (aws, gcp, azure, local,
+    # ...) and that provider's keys (local: head_ip, worker_ips).
+    provider: dict[str, Any] = field(
+        default_factory=lambda: {
+            "type": "aws",
+            "region": "us-west-2",
+            "availability_zone": "us-west-2a,us-west-2b",
+            # true: teardown stops the nodes (kept for reuse, disks still billed);
+            # false: it terminates them.
+            "cache_stopped_nodes": False,
+            "key_pair": {"key_name": "hydra-${oc.env:USER,user}"},
+        }
+    )
+    # How Ray logs in to the nodes: ssh_user, ssh_private_key, ssh_proxy_command.
+    auth: dict[str, Any] = field(default_factory=lambda: {"ssh_user": "ubuntu"})
+    # Node types by name: node_config (the provider's instance settings), resources,
+    # min_workers and max_workers of that type.
+    available_node_types: dict[str, Any] = field(
+        default_factory=lambda: {
+            "ray.head.default": {
+                "resources": {},
+                "node_config": {"InstanceType": "m5.large", "ImageId": "ami-0a2363a9cff180a64"},
+            },
+            "ray.worker.default": {
+                "min_workers": 0,
+                "max_workers": 2,
+                "resources": {},
+                "node_config": {
+                    "InstanceType": "m5.large",
+                    "ImageId": "ami-0a2363a9cff180a64",
+                    "InstanceMarketOptions": {"MarketType": "spot"},
+                },
+            },
+        }
+    )
+    # The entry of available_node_types the head is made of.
+    head_node_type: str | None = "ray.head.default"
+    # Remote path -> local path, copied to every node before the setup commands.
+    file_mounts: dict[str, Any] = field(default_factory=dict)
+    # Run on every node before anything else (outside the docker container).
+    initialization_commands: list[str] | None = field(default_factory=list)
+    # Paths on the head copied to every worker.
+    cluster_synced_files: list[str] | None = field(default_factory=list)
+    # Run on every node; env_setup's commands come first.
+    setup_commands: list[str] | None = field(default_factory=list)
+    head_setup_commands: list[str] | None = field(default_factory=list)
+    worker_setup_commands: list[str] | None = field(default_factory=list)
+    head_start_ray_commands: list[str] | None = field(
+        default_factory=lambda: [
+            "ray stop",
+            "ulimit -n 65536;ray start --head --port=6379 --object-manager-port=8076 "
+            "--autoscaling-config=~/ray_bootstrap_config.yaml",
+        ]
+    )
+    worker_start_ray_commands: list[str] | None = field(
+        default_factory=lambda: [
+            "ray stop",
+            "ulimit -n 65536; ray start --address=$RAY_HEAD_IP:6379 --object-manager-port=8076",
+        ]
+    )
+    # Legacy keys of older Ray versions, accepted so that old configs still load;
+    # current Ray's schema rejects them, so they are dropped with a warning.
+    initial_workers: int | None = None
+    autoscaling_mode: str | None = None
+    target_utilization_fraction: float | None = None
+
+
+@dataclass
+class RayGenericClusterConf(RayClusterConf):
+    """Ray's cluster config for `ray_cluster`: no defaults of its own. A null key
+    takes its value from `hydra.launcher.cluster_yaml` if given, else Ray's
+    default for the provider (e.g. Ray's plain `ray start` commands); the dict
+    keys are merged key by key on top of cluster_yaml's."""
+
+    cluster_name: str | None = None
+    min_workers: int | None = None
+    upscaling_speed: float | None = None
+    max_workers: int | None = None
+    idle_timeout_minutes: float | None = None
+    docker: dict[str, Any] = field(default_factory=dict)
+    # Required: set at least `type`, e.g. provider local with head_ip and worker_ips.
+    provider: dict[str, Any] = field(default_factory=dict)
+    auth: dict[str, Any] = field(default_factory=dict)
+    available_node_types: dict[str, Any] = field(default_factory=dict)
+    head_node_type: str | None = None
+    initialization_commands: list[str] | None = None
+    cluster_synced_files: list[str] | None = None
+    setup_commands: list[str] | None = None
+    head_setup_commands: list[str] | None = None
+    worker_setup_commands: list[str] | None = None
+    head_start_ray_commands: list[str] | None = None
+    worker_start_ray_commands: list[str] | None = None
+
+
+@dataclass
+class RayClusterRayConf(RayConf):
+    """The `ray` node of the cluster launchers. `init` and `remote` apply to the
+    jobs' Ray on the cluster, as with the `ray` launcher."""
+
+    cluster: RayClusterConf = field(default_factory=RayClusterConf)
+    # Where the launcher's commands on the head run: auto (in the docker
+    # container if docker is used, else on the host), host, or docker.
+    run_env: str = "auto"
+
+
+@dataclass
+class RsyncConf:
+    """An rsync between this machine and the cluster's head. include/exclude are
+    rsync's patterns, includes tried before excludes, the first match wins: with
+    include ['model', '*.py'] and exclude ['*'] only `model/` (all of it) and the
+    top-level .py files are copied. An include naming a directory without
+    wildcards brings everything below it."""
+
+    # sync_up: the local dir to upload, relative to the working dir or absolute;
+    # null: nothing is uploaded. sync_down: the dir on the head to bring back;
+    # null: the sweep output dir on the cluster.
+    source_dir: str | None = None
+    # sync_up: the dir on the head; null: a temp dir of the launch, on the jobs'
+    # PYTHONPATH and removed after them. sync_down: the local dir; null: the
+    # local sweep output dir.
+    target_dir: str | None = None
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RayLoggingConf:
+    """Output of Ray's cluster launcher (`ray.autoscaler.sdk.configure_logging`)."""
+
+    # auto (pretty on a terminal, else record), pretty, or record.
+    log_style: str = "auto"
+    # auto, true or false: colours in Ray's output.
+    color_mode: str = "auto"
+    # 0 to 3: how much of each cluster step Ray prints.
+    verbosity: int = 0
+
+
+@dataclass
+class RayCreateOrUpdateClusterConf:
+    """Options of `ray.autoscaler.sdk.create_or_update_cluster`."""
+
+    # Update the nodes' files and setup without restarting Ray on them.
+    no_restart: bool = False
+    # Skip the setup commands and only restart Ray (not together with no_restart).
+    restart_only: bool = False
+    # Ignore the cached cluster config: ask the provider again for everything.
+    no_config_cache: bool = False
+
+
+@dataclass
+class RayTeardownClusterConf:
+    """Options of `ray.autoscaler.sdk.teardown_cluster` (when stop_cluster is true)."""
+
+    # Remove the workers only; the head keeps running (and costing).
+    workers_only: bool = False
+    # Keep min_workers workers running.
+    keep_min_workers: bool = False
+
+
+@dataclass
+class RayAWSLauncherConf:
+    """The `ray_aws` launcher: creates (or updates) a cluster on AWS with Ray's
+    cluster launcher, runs the sweep there, and tears the cluster down."""
+
+    _target_: str = "hydra_plugins.hydra_ray_launcher.ray_aws_launcher.RayAWSLauncher"
+    env_setup: EnvSetupConf = field(default_factory=EnvSetupConf)
+    ray: RayClusterRayConf = field(default_factory=RayClusterRayConf)
+    # true: tear the cluster down after the jobs; false: keep it running for the
+    # next launch (it keeps costing until `ray down`).
+    stop_cluster: bool = True
+    # Before the jobs: upload the app's code to the head.
+    sync_up: RsyncConf = field(default_factory=RsyncConf)
+    # After the jobs: bring their outputs home (by default the whole sweep dir).
+    sync_down: RsyncConf = field(default_factory=RsyncConf)
+    logging: RayLoggingConf = field(default_factory=RayLoggingConf)
+    create_update_cluster: RayCreateOrUpdateClusterConf = field(
+        default_factory=RayCreateOrUpdateClusterConf
+    )
+    teardown_cluster: RayTeardownClusterConf = field(default_factory=RayTeardownClusterConf)
+
+
+@dataclass
+class RayClusterLauncherConf(RayAWSLauncherConf):
+    """The `ray_cluster` launcher: the same launcher for any provider of Ray's
+    cluster launcher (local machines, gcp, azure, aws, ...), without AWS defaults."""
+
+    ray: RayClusterRayConf = field(
+        default_factory=lambda: RayClusterRayConf(cluster=RayGenericClusterConf())
+    )
+    # A Ray cluster YAML file (as for `ray up`), relative to the working dir or
+    # absolute: the base of the cluster config. Keys set in ray.cluster win over
+    # the file's; dicts (provider, auth, ...) are merged key by key.
+    cluster_yaml: str | None = None
+
+
+@functools.cache
+def _distributions_by_module() -> dict[str, list[str]]:
+    # Reads every installed distribution's metadata: once per process.
+    return dict(importlib.metadata.packages_distributions())
+
+
+def ray_pkg_version(name: str) -> str:
+    """`${ray_pkg_version:NAME}`: the installed version of the package that
+    provides the module NAME (hydra -> hydra-core), or of the distribution NAME."""
+    dists = sorted(set(_distributions_by_module().get(name, []))) or [name]
+    if len(dists) > 1:
+        raise ValueError(
+            f"ray_pkg_version: the module {name!r} comes from several packages ({dists}); "
+            "write the version in hydra.launcher.env_setup.pip_packages instead"
+        )
+    try:
+        return importlib.metadata.version(dists[0])
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(
+            f"ray_pkg_version: no installed package provides {name!r}. Install it here, or "
+            "set its version in hydra.launcher.env_setup.pip_packages (null: the newest)"
+        ) from None
+
+
+def python_version(level: str = "minor") -> str:
+    """`${python_version:LEVEL}`: this Python's version; LEVEL major ("3"),
+    minor ("3.11", the default) or micro ("3.11.7")."""
+    parts = {"major": 1, "minor": 2, "micro": 3}
+    count = parts.get(level or "minor")
+    if count is None:
+        raise ValueError(f"python_version: level {level!r} is not one of major, minor, micro")
+    return ".".join(str(n) for n in sys.version_info[:count])
+
+
 def register_configs() -> None:
-    """Store the launchers' configs in Hydra's ConfigStore (group hydra/launcher)."""
+    """Register the resolvers and store the launchers' configs in Hydra's
+    ConfigStore (group hydra/launcher)."""
+    OmegaConf.register_new_resolver("ray_pkg_version", ray_pkg_version, replace=True)
+    OmegaConf.register_new_resolver("python_version", python_version, replace=True)
     store = ConfigStore.instance()
-    store.store(group="hydra/launcher", name="ray", node=RayLauncherConf, provider="ray_launcher")
+    for name, node in (
+        ("ray", RayLauncherConf),
+        ("ray_aws", RayAWSLauncherConf),
+        ("ray_cluster", RayClusterLauncherConf),
+    ):
+        store.store(group="hydra/launcher", name=name, node=node, provider="ray_launcher")

@@ -14,6 +14,7 @@ from typing import Any
 
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import DictConfig
 
 from ._jobs import JobError, JobOutcome, SweepState, run_one_job
 from ._report import SweepReport, describe
@@ -67,24 +68,27 @@ def run_jobs(
     job_overrides: Sequence[Sequence[str]],
     initial_job_idx: int,
     remote: Mapping[str, Any],
+    configs: Sequence[DictConfig] | None = None,
 ) -> list[JobReturn]:
     """Run every job as a Ray task, concurrently, and return their `JobReturn`s in
-    job order. A job that fails or whose process dies becomes a failed JobReturn;
-    the others run on. On KeyboardInterrupt, the jobs still queued or running
-    are cancelled before it propagates."""
+    job order. Each job's config is composed in its worker, unless `configs`
+    gives them composed already (nodes that lack the app's config files).
+
+    A job that fails or whose process dies becomes a failed JobReturn; the
+    others run on. On KeyboardInterrupt, the jobs still queued or running are
+    cancelled before it propagates."""
     import ray
 
     options = task_options(remote)
     task = ray.remote(run_one_job)
     report = SweepReport(job_overrides, initial_job_idx)
-    report.job_list()
     submitted = time.time()
     pending = []
     index_of: dict[Any, int] = {}
     for pos, overrides in enumerate(job_overrides):
         idx = initial_job_idx + pos
         ref = task.options(**options, name=f"hydra job #{idx}").remote(
-            shipped.key, [shipped.ref], idx, list(overrides)
+            shipped.key, [shipped.ref], idx, list(overrides), configs[pos] if configs else None
         )
         pending.append(ref)
         index_of[ref] = idx

@@ -6,7 +6,6 @@ discovery. Ray's worker imports it by reference when it unpickles the task.
 
 import logging
 import os
-import socket
 import sys
 import time
 import traceback
@@ -118,21 +117,28 @@ def _name_script_code(task_function: Any, main_file: str) -> None:
 
 
 def run_one_job(
-    state_key: str, packed_state: list[Any], idx: int, overrides: Sequence[str]
+    state_key: str,
+    packed_state: list[Any],
+    idx: int,
+    overrides: Sequence[str],
+    composed: DictConfig | None = None,
 ) -> JobOutcome:
-    """Compose job `idx`'s config from its overrides and run it with `run_job`.
+    """Compose job `idx`'s config from its overrides (unless it comes `composed`
+    already) and run it with `run_job`.
 
     `packed_state` is a one-element list holding the object-store ref of the
     pickled SweepState: wrapped so that Ray does not fetch and unpickle it for
     every task; it is fetched only by a worker that has not restored it yet.
     """
+    import ray
+
     started = time.time()
-    node = socket.gethostname()
+    node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
     state = _restore(state_key, packed_state)
     try:
         os.makedirs(state.cwd, exist_ok=True)
         os.chdir(state.cwd)
-        sweep_config = state.hydra_context.config_loader.load_sweep_config(
+        sweep_config = composed or state.hydra_context.config_loader.load_sweep_config(
             state.config, list(overrides)
         )
         with open_dict(sweep_config):

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import _engine
 from ._jobs import capture_sweep_state
+from ._report import SweepReport
 from ._validate import ConfigError, ray_init_kwargs
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ def launch(
         if launcher.shipped is None or not launcher.shipped.is_current():
             state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
             launcher.shipped = _engine.ship_state(state)
+        SweepReport(job_overrides, initial_job_idx).job_list()
         return _engine.run_jobs(launcher.shipped, job_overrides, initial_job_idx, remote)
     except KeyboardInterrupt:
         stop_ray()

@@ -1,11 +1,21 @@
-"""Checks of the user's launcher config that run before anything is started."""
+"""Checks of the user's launcher config that run before anything is started, and
+the cluster config Ray's cluster launcher gets from it.
 
+Ray is imported inside functions only: Hydra imports this package at every start."""
+
+import copy
+import importlib
 import logging
 import os
+import re
+import shlex
+import shutil
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +63,259 @@ def ray_init_kwargs(init: Mapping[str, Any]) -> dict[str, Any]:
         # ray.init() calls the node's reservable memory `_memory`.
         kwargs["_memory"] = kwargs.pop("memory")
     return kwargs
+
+
+# ---- The cluster launchers (`ray_aws`, `ray_cluster`) ----
+
+_CLUSTER_KEY = "hydra.launcher.ray.cluster"
+# Keys of Ray's old cluster config that the guide still lists; current Ray's
+# schema rejects them ("Additional properties are not allowed").
+_LEGACY_CLUSTER_KEYS = ("initial_workers", "autoscaling_mode", "target_utilization_fraction")
+_LOGGING_CHOICES = {
+    "log_style": ("auto", "pretty", "record"),
+    "color_mode": ("auto", "true", "false"),
+}
+_RUN_ENVS = ("auto", "host", "docker")
+
+
+def cluster_config_for_ray(launcher_cfg: DictConfig) -> dict[str, Any]:
+    """The plain dict given to Ray's cluster launcher, from `hydra.launcher`.
+
+    The file of `cluster_yaml` (if set) is the base; the keys of `ray.cluster`
+    go on top (dicts merged key by key, anything else replaced; a null key
+    keeps the file's value or leaves Ray's default). Then:
+
+    - null values are dropped at every level, and empty top-level sections
+      (`provider: {}`, `file_mounts: {}`, ...): both mean "Ray's default";
+    - the legacy keys initial_workers, autoscaling_mode and
+      target_utilization_fraction are dropped with a warning;
+    - a `docker` section without an image is dropped: docker is off (Ray's
+      create crashes on `docker: {image: ''}` without a container_name);
+    - `setup_commands` becomes env_setup.commands, then one `pip install` per
+      env_setup.pip_packages entry, then the user's own setup_commands.
+
+    Pure: `launcher_cfg` is not changed, so calling it again gives the same dict.
+    Raises ConfigError if cluster_yaml cannot be read.
+    """
+    base = _load_cluster_yaml(launcher_cfg.get("cluster_yaml"))
+    ours = _container(launcher_cfg.ray.cluster)
+    for key in _LEGACY_CLUSTER_KEYS:
+        if base.pop(key, None) is not None:
+            _warn_legacy(f"{key} in hydra.launcher.cluster_yaml", key)
+        value = ours.pop(key, None)
+        if value is not None:
+            _warn_legacy(f"{_CLUSTER_KEY}.{key}={value}", key)
+    cluster: dict[str, Any] = {
+        key: value for key, value in _without_nulls_deep(_merged(base, ours)).items() if value != {}
+    }
+    docker = cluster.get("docker")
+    if isinstance(docker, dict) and not any(
+        docker.get(k) for k in ("image", "head_image", "worker_image")
+    ):
+        del cluster["docker"]
+    cluster["setup_commands"] = [
+        *(str(c) for c in launcher_cfg.env_setup.commands),
+        *_pip_commands(_container(launcher_cfg.env_setup.pip_packages)),
+        *cluster.get("setup_commands", []),
+    ]
+    return cluster
+
+
+def _container(node: DictConfig) -> dict[str, Any]:
+    container = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(container, dict)
+    return {str(k): v for k, v in container.items()}
+
+
+def _load_cluster_yaml(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    file = Path(path).expanduser().absolute()
+    try:
+        # OmegaConf's YAML loader; interpolations such as ${HOME} are kept as text.
+        content = OmegaConf.to_container(OmegaConf.load(file), resolve=False)
+    except Exception as exc:  # OSError, or the YAML parser's own error
+        raise ConfigError(
+            f"hydra.launcher.cluster_yaml={path}: cannot read {file} as a Ray cluster "
+            f"YAML file ({exc}). Fix the path (relative to {Path.cwd()}, or absolute) "
+            "or set it to null."
+        ) from None
+    if not isinstance(content, dict):
+        raise ConfigError(
+            f"hydra.launcher.cluster_yaml={path}: {file} does not hold a Ray cluster config "
+            f"(a mapping of keys such as cluster_name, provider), but a list"
+        )
+    return {str(k): v for k, v in content.items()}
+
+
+def _warn_legacy(where: str, key: str) -> None:
+    log.warning(
+        f"Ignoring {where}: current Ray's cluster config schema rejects `{key}` "
+        "(a key of older Ray versions). Remove it from your config."
+    )
+
+
+def _merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`top` over `base`: dicts merged key by key, a null in `top` keeps `base`'s."""
+    out = dict(base)
+    for key, value in top.items():
+        if value is None:
+            continue
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _without_nulls_deep(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_nulls_deep(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls_deep(v) for v in value]
+    return value
+
+
+def _pip_commands(pip_packages: Mapping[str, Any]) -> list[str]:
+    """`pip install NAME==VERSION` per package; null: the newest; a version that
+    starts with a comparison (">=1.2") is used as a specifier as it is."""
+    commands = []
+    for name, version in pip_packages.items():
+        # pip_packages keys are config keys: hydra_core means the distribution hydra-core.
+        dist = name.replace("_", "-")
+        if dist == "hydra-ray-launcher" and ".dev" in str(version):
+            # An unreleased plugin is not on PyPI; every launch ships the plugin's
+            # own source to the cluster anyway (see _remote.py).
+            continue
+        if dist == "ray":
+            # The nodes run Ray's dashboard and runtime-env agent: ray[default].
+            dist = "ray[default]"
+        if version is None:
+            requirement = dist
+        elif str(version)[:1] in "<>=!~":
+            requirement = f"{dist}{version}"
+        else:
+            requirement = f"{dist}=={version}"
+        commands.append(f"pip install {shlex.quote(requirement)}")
+    return commands
+
+
+def validate_cluster_config(cluster: Mapping[str, Any]) -> None:
+    """Check a cluster config (from `cluster_config_for_ray`) against Ray's own
+    cluster schema, offline: what `ray up` would refuse is refused here, before
+    anything is created. Raises ConfigError naming the key and the fix."""
+    provider = cluster.get("provider")
+    if not isinstance(provider, Mapping) or not provider.get("type"):
+        raise ConfigError(
+            f"{_CLUSTER_KEY}.provider.type is not set: name the provider of the cluster's "
+            f"nodes, e.g. `+{_CLUSTER_KEY}.provider.type=local "
+            f"+{_CLUSTER_KEY}.provider.head_ip=HOST +{_CLUSTER_KEY}.provider.worker_ips=[...]`, "
+            "or give a Ray cluster YAML file with hydra.launcher.cluster_yaml"
+        )
+    if provider["type"] == "local" and (
+        cluster.get("available_node_types") or cluster.get("head_node_type")
+    ):
+        raise ConfigError(
+            f"{_CLUSTER_KEY}.available_node_types and head_node_type cannot be set with "
+            "provider local, whose nodes are provider.head_ip and provider.worker_ips: "
+            "remove them (hydra/launcher=ray_cluster has neither by default)"
+        )
+
+    import click
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    # jsonschema (a dependency of Ray's) has no type stubs in this project.
+    schema_error: type[Exception] = importlib.import_module("jsonschema").ValidationError
+
+    try:
+        # prepare_config fills in the provider's defaults, as `ray up` does.
+        validate_config(prepare_config(copy.deepcopy(dict(cluster))))
+    except schema_error as exc:
+        raise ConfigError(_schema_error_message(exc)) from None
+    except NotImplementedError as exc:
+        raise ConfigError(
+            f"{_CLUSTER_KEY}.provider.type={provider['type']}: {exc}. Use one of Ray's "
+            "providers (aws, gcp, azure, local, ...) or `external` with a `module`."
+        ) from None
+    except AssertionError as exc:
+        # Ray's own docker check: an image without a container name, or the reverse.
+        raise ConfigError(
+            f"{_CLUSTER_KEY}.docker: {exc}. Set both docker.image and "
+            "docker.container_name, or docker.image='' for no docker."
+        ) from None
+    except (ValueError, KeyError, RuntimeError, click.ClickException) as exc:
+        message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        raise ConfigError(
+            f"Ray's cluster launcher refuses the cluster config ({_CLUSTER_KEY}): {message}"
+        ) from None
+
+
+def _schema_error_message(exc: Any) -> str:
+    """A jsonschema.ValidationError as a message naming our config key."""
+    path = [str(p) for p in exc.absolute_path]
+    if exc.validator == "additionalProperties":
+        found = re.search(r"\((.*) (?:was|were) unexpected\)", exc.message)
+        names = re.findall(r"'([^']*)'", found.group(1)) if found else []
+        # no_restart is in the schema but set by create_update_cluster, not by users.
+        known = sorted(set(exc.schema.get("properties", {})) - {"no_restart"})
+        keys = ", ".join(".".join([_CLUSTER_KEY, *path, n]) for n in names) or ".".join(
+            [_CLUSTER_KEY, *path]
+        )
+        hint = f" The keys Ray knows there: {', '.join(known)}." if known else ""
+        return (
+            f"{keys}: Ray's cluster config schema has no such key. Remove it or fix its "
+            f"name (a key of an older Ray, or a typo).{hint}"
+        )
+    if exc.validator == "required":
+        found = re.search(r"'([^']*)' is a required property", exc.message)
+        missing = [found.group(1)] if found else []
+        key = ".".join([_CLUSTER_KEY, *path, *missing])
+        return f"{key} is required by Ray's cluster config schema: set it."
+    key = ".".join([_CLUSTER_KEY, *path])
+    return f"{key}: Ray's cluster config schema refuses it: {exc.message}. Change it."
+
+
+def check_launch_preconditions(launcher_cfg: DictConfig) -> None:
+    """Refuse, before anything is created, a cluster launcher config that cannot
+    work: contradicting options, a missing sync_up source, missing rsync/ssh, and
+    logging or run_env values out of range. Raises ConfigError."""
+    create = launcher_cfg.create_update_cluster
+    if create.restart_only and create.no_restart:
+        raise ConfigError(
+            "hydra.launcher.create_update_cluster.restart_only=true and "
+            "hydra.launcher.create_update_cluster.no_restart=true contradict each other "
+            "(restart Ray only / never restart it): set at most one of them"
+        )
+    source_dir = launcher_cfg.sync_up.source_dir
+    if source_dir is not None:
+        source = Path(str(source_dir)).expanduser().absolute()
+        if not source.is_dir():
+            raise ConfigError(
+                f"hydra.launcher.sync_up.source_dir={source_dir}: {source} is not a directory. "
+                "Give a directory relative to the working dir or absolute, or null to upload "
+                "nothing."
+            )
+    missing = [tool for tool in ("rsync", "ssh") if shutil.which(tool) is None]
+    if missing:
+        raise ConfigError(
+            f"{' and '.join(missing)} not found on PATH: the cluster launchers need rsync and "
+            "ssh on this machine. Install them (e.g. `apt-get install rsync openssh-client`, "
+            "or `brew install rsync`)."
+        )
+    logging_cfg = launcher_cfg.logging
+    for key, choices in _LOGGING_CHOICES.items():
+        value = str(logging_cfg[key]).lower()
+        if value not in choices:
+            raise ConfigError(
+                f"hydra.launcher.logging.{key}={logging_cfg[key]} is not one of "
+                f"{', '.join(choices)}"
+            )
+    if not 0 <= logging_cfg.verbosity <= 3:
+        raise ConfigError(
+            f"hydra.launcher.logging.verbosity={logging_cfg.verbosity} is not in 0..3"
+        )
+    if launcher_cfg.ray.run_env not in _RUN_ENVS:
+        raise ConfigError(
+            f"hydra.launcher.ray.run_env={launcher_cfg.ray.run_env} is not one of "
+            f"{', '.join(_RUN_ENVS)}"
+        )

@@ -1,0 +1,230 @@
+"""Launch of the cluster launchers (`ray_aws`, `ray_cluster`): check everything,
+get a cluster, ship the job spec and the code, run the engine on the head,
+bring the job returns and every job's outputs home."""
+
+import logging
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+from hydra.core.utils import JobReturn, configure_log, setup_globals
+from omegaconf import DictConfig, OmegaConf
+
+from ._head_driver import PLUGIN_DIR, JobSpec, load_returns
+from ._jobs import capture_sweep_state
+from ._report import SweepReport
+from ._sync import rsync_command
+from ._validate import (
+    check_launch_preconditions,
+    cluster_config_for_ray,
+    validate_cluster_config,
+)
+
+if TYPE_CHECKING:
+    from ._cluster import Cluster
+    from .ray_aws_launcher import RayAWSLauncher
+
+log = logging.getLogger(__name__)
+
+_TMP_MARK = "HYDRA_RAY_TMP="
+
+
+class RemoteDriverError(RuntimeError):
+    """The driver on the cluster's head ended without returning the jobs' results."""
+
+
+def launch(
+    launcher: "RayAWSLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> Sequence[JobReturn]:
+    assert launcher.config is not None
+    assert launcher.hydra_context is not None
+    assert launcher.task_function is not None
+    config = launcher.config
+    settings: DictConfig = config.hydra.launcher
+    setup_globals()
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    if launcher.cluster_config is None:
+        # Everything that can be refused is refused here, before anything costs.
+        check_launch_preconditions(settings)
+        cluster_config = cluster_config_for_ray(settings)
+        validate_cluster_config(cluster_config)
+        launcher.cluster_config = cluster_config
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    log.info(f"Ray Launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
+    SweepReport(job_overrides, initial_job_idx).job_list()
+
+    # The job spec is pickled before any cluster exists: an app that cannot be
+    # pickled fails here, for free.
+    local_tmp = Path(tempfile.mkdtemp(prefix="hydra-ray-"))
+    spec_file = local_tmp / "job_spec.pkl"
+    spec = JobSpec(
+        state=capture_sweep_state(launcher.hydra_context, launcher.task_function, config),
+        job_overrides=[list(o) for o in job_overrides],
+        initial_job_idx=initial_job_idx,
+        configs=[
+            launcher.hydra_context.config_loader.load_sweep_config(config, list(o))
+            for o in job_overrides
+        ],
+        init=_as_dict(settings.ray.init),
+        remote=_as_dict(settings.ray.remote),
+        sweep_dir=str(sweep_dir),
+        code_dir=_code_dir(settings.sync_up),
+    )
+    spec_file.write_bytes(cloudpickle.dumps(spec))
+    log.info(f"Pickle for jobs: {spec_file}")
+
+    cluster = launcher.cluster(sweep_dir / ".hydra" / "ray_cluster.yaml")
+    remote_tmp = _make_remote_tmp(cluster)
+    try:
+        _ship_plugin(cluster, remote_tmp, local_tmp)
+        _sync_up(cluster, settings.sync_up, remote_tmp, local_tmp)
+        cluster.rsync_up(str(spec_file), f"{remote_tmp}/job_spec.pkl")
+        try:
+            _run_head_driver(cluster, remote_tmp, spec.code_dir)
+        finally:
+            # Whatever finished is brought home, also when the driver failed.
+            _sync_down(cluster, settings.sync_down, remote_tmp, sweep_dir)
+        cluster.rsync_down(f"{remote_tmp}/returns.pkl", str(local_tmp / "returns.pkl"))
+        return load_returns(str(local_tmp / "returns.pkl"))
+    finally:
+        _remove_remote_tmp(cluster, remote_tmp)
+
+
+def _code_dir(sync: DictConfig) -> str | None:
+    """Where the synced code lives on the head: target_dir, or `code` in the remote
+    temp dir (relative paths are relative to it: the head driver runs there)."""
+    if sync.source_dir is None:
+        return None
+    return str(sync.target_dir) if sync.target_dir is not None else "code"
+
+
+def _as_dict(node: DictConfig) -> dict[str, Any]:
+    container = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(container, dict)
+    return {str(k): v for k, v in container.items() if v is not None}
+
+
+def _make_remote_tmp(cluster: "Cluster") -> str:
+    """A temp dir on the head, private to the user (mktemp makes it mode 700)."""
+    out = cluster.run(
+        f'd=$(mktemp -d /tmp/hydra-ray-XXXXXXXX) && echo "{_TMP_MARK}$d"', with_output=True
+    )
+    for line in out.splitlines():
+        if line.startswith(_TMP_MARK):
+            path = line[len(_TMP_MARK) :].strip()
+            log.info(f"Remote temp dir on the head: {path}")
+            return path
+    raise RemoteDriverError(f"could not make a temp dir on the cluster's head: {out!r}")
+
+
+def _remove_remote_tmp(cluster: "Cluster", remote_tmp: str) -> None:
+    try:
+        cluster.run(f"rm -rf {shlex.quote(remote_tmp)}")
+    except Exception as exc:  # the cluster may be gone already; never mask the real error
+        log.warning(f"Could not remove the remote temp dir {remote_tmp}: {exc}")
+
+
+def _ship_plugin(cluster: "Cluster", remote_tmp: str, local_tmp: Path) -> None:
+    """Send this plugin's own source: the head driver and the jobs on every node
+    run the very code of the launching machine, whatever version is installed there."""
+    staged = local_tmp / "plugin" / "hydra_plugins" / "hydra_ray_launcher"
+    staged.parent.mkdir(parents=True)
+    subprocess.run(
+        rsync_command(
+            f"{Path(__file__).parent}/", f"{staged}/", include=[], exclude=["__pycache__"], ssh=None
+        ),
+        check=True,
+    )
+    cluster.rsync_up(f"{local_tmp / 'plugin'}/", f"{remote_tmp}/{PLUGIN_DIR}/")
+
+
+def _sync_up(cluster: "Cluster", sync: DictConfig, remote_tmp: str, local_tmp: Path) -> None:
+    """rsync the user's code to the head, filtered by include/exclude; the jobs on
+    every node get it on their sys.path."""
+    code_dir = _code_dir(sync)
+    if code_dir is None:
+        return
+    source = Path(str(sync.source_dir)).expanduser().resolve()
+    target = code_dir if code_dir.startswith("/") else f"{remote_tmp}/{code_dir}"
+    # Filter here with rsync's own include/exclude semantics, then send what is left.
+    staged = local_tmp / "code"
+    subprocess.run(
+        rsync_command(
+            f"{source}/",
+            f"{staged}/",
+            include=list(sync.include),
+            exclude=list(sync.exclude),
+            ssh=None,
+        ),
+        check=True,
+    )
+    cluster.run(f"mkdir -p {shlex.quote(target)}")
+    cluster.rsync_up(f"{staged}/", f"{target}/")
+    log.info(
+        f"Synced up {source} to the head's {target} "
+        f"(include={list(sync.include)}, exclude={list(sync.exclude)})"
+    )
+
+
+def _run_head_driver(cluster: "Cluster", remote_tmp: str, code_dir: str | None) -> None:
+    tmp = shlex.quote(remote_tmp)
+    pythonpath = f"{tmp}/{PLUGIN_DIR}:" + (f"{shlex.quote(code_dir)}:" if code_dir else "")
+    cmd = (
+        f"cd {tmp} && "
+        # A cluster started with a token needs the driver to present it.
+        "if [ -f ~/.ray/auth_token ]; then export RAY_AUTH_MODE=token; fi; "
+        f"PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 "
+        f"python -m hydra_plugins.hydra_ray_launcher._head_driver "
+        f"{tmp}/job_spec.pkl {tmp}/returns.pkl"
+    )
+    log.info("Running the jobs from the cluster's head")
+    try:
+        cluster.run(cmd)
+    except (Exception, SystemExit) as exc:
+        raise RemoteDriverError(
+            f"The driver on the cluster's head failed ({exc}); its output is above. "
+            "Outputs of the jobs that finished were synced down."
+        ) from exc
+
+
+def _sync_down(cluster: "Cluster", sync: DictConfig, remote_tmp: str, sweep_dir: Path) -> None:
+    """rsync the outputs (by default the sweep dir on the head, which holds every
+    node's outputs) to the local sweep dir, filtered by include/exclude."""
+    if sync.source_dir is not None:
+        source = str(sync.source_dir)
+    elif sweep_dir.is_absolute():
+        source = str(sweep_dir)
+    else:
+        source = f"{remote_tmp}/{sweep_dir}"
+    target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
+    target.mkdir(parents=True, exist_ok=True)
+    if sync.include or sync.exclude:
+        # Filter on the head, so that only what is wanted crosses the network.
+        staged = f"{remote_tmp}/down"
+        filter_cmd = rsync_command(
+            f"{source}/",
+            f"{staged}/",
+            include=list(sync.include),
+            exclude=list(sync.exclude),
+            ssh=None,
+        )
+        try:
+            cluster.run(f"mkdir -p {shlex.quote(staged)} && {shlex.join(filter_cmd)}")
+        except (Exception, SystemExit) as exc:
+            log.error(f"Could not sync down {source}: {exc}")
+            return
+        source = staged
+    try:
+        cluster.rsync_down(f"{source}/", f"{target}/")
+    except (Exception, SystemExit) as exc:
+        log.error(f"Could not sync down {source}: {exc}")
+        return
+    log.info(
+        f"Synced down the head's {source} to {target} "
+        f"(include={list(sync.include)}, exclude={list(sync.exclude)})"
+    )

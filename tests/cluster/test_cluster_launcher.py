@@ -1,0 +1,125 @@
+"""The cluster launcher end to end, as a user runs it: `python app.py --multirun
+...` creates a Ray cluster on fake on-prem hosts (a head and a worker, each with
+its own filesystem, over ssh), runs the sweep there, brings the outputs home and
+tears the cluster down."""
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from ..cluster_harness.fake_hosts import FakeHosts, launcher_env, unique_cluster_name
+
+REPO = Path(__file__).parents[2]
+EXAMPLE = REPO / "examples" / "upload_download"
+
+
+def _cluster_yaml(hosts: FakeHosts, tmp_path: Path, prefix: str) -> Path:
+    """A provider-local cluster whose head runs no jobs (0 CPUs): every job runs on
+    the worker, so its outputs exist only on the worker's disk."""
+    config = hosts.local_cluster_config(
+        unique_cluster_name(prefix),
+        num_cpus=2,
+        head_args=["--num-cpus=0", "--include-dashboard=false"],
+    )
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _run(hosts: FakeHosts, tmp_path: Path, cwd: Path, *args: str) -> Any:
+    # The fake hosts share this machine's Python: no conda env to create there.
+    return hosts.run_in_netns(
+        [sys.executable, *args, "hydra.launcher.env_setup.commands=[]"],
+        env=launcher_env(tmp_path),
+        cwd=cwd,
+        timeout=600,
+    )
+
+
+def _sync_overrides() -> list[str]:
+    """The example's own sync_up/sync_down settings, as overrides of ray_cluster."""
+    example = OmegaConf.to_container(
+        OmegaConf.load(EXAMPLE / "hydra" / "launcher" / "custom_ray_aws.yaml")
+    )
+    assert isinstance(example, dict)
+    overrides = []
+    for section in ("sync_up", "sync_down"):
+        for key, value in example[section].items():
+            if isinstance(value, list):
+                rendered = "[" + ",".join(f"'{v}'" for v in value) + "]"
+            else:
+                rendered = "null" if value is None else f"'{value}'"
+            overrides.append(f"hydra.launcher.{section}.{key}={rendered}")
+    return overrides
+
+
+def _no_leftovers(hosts: FakeHosts) -> None:
+    for host in ("head", "worker"):
+        assert list(hosts.host_path(host, "/tmp").glob("hydra-ray-*")) == [], host
+        assert hosts.wait_no_ray_processes(host, timeout=60) == [], host
+
+
+def test_upload_download_example_brings_every_checkpoint_home(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    app = tmp_path / "app"
+    shutil.copytree(EXAMPLE, app)
+    sweep = tmp_path / "sweep"
+    res = _run(
+        fake_hosts,
+        tmp_path,
+        app,
+        "train.py",
+        "--multirun",
+        "random_seed=1,2,3",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'ud')}",
+        f"hydra.sweep.dir={sweep}",
+        *_sync_overrides(),
+    )
+    assert res.returncode == 0, res.stdout
+    for num, seed in enumerate([1, 2, 3]):
+        assert (sweep / str(num) / "checkpoint" / f"checkpoint_{seed}.pt").is_file()
+        # sync_down's include/exclude kept everything else on the cluster.
+        assert not (sweep / str(num) / ".hydra").exists()
+        assert f"#{num} : random_seed={seed} succeeded" in res.stdout
+    assert "on 127.0.0.3" in res.stdout  # the jobs ran on the worker
+    assert "Stopping cluster" in res.stdout
+    _no_leftovers(fake_hosts)
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_every_job_output_dir_comes_home(
+    fake_hosts: FakeHosts, tmp_path: Path, failing: bool
+) -> None:
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps", app)
+    sweep = tmp_path / "sweep"
+    res = _run(
+        fake_hosts,
+        tmp_path,
+        app,
+        "app.py",
+        "--multirun",
+        "x=1,2,3",
+        "seconds=1",
+        f"raise_on={[2] if failing else []}",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'all')}",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert (res.returncode != 0) == failing, res.stdout
+    for num in range(3):
+        job_dir = sweep / str(num)
+        assert (job_dir / ".hydra" / "config.yaml").is_file()
+        assert (job_dir / "app.log").is_file()
+        assert (job_dir / f"done_{num}.json").is_file() == (failing is False or num != 1)
+    if failing:
+        assert "ValueError: job 1 was told to raise" in res.stdout
+    assert "Stopping cluster" in res.stdout
+    _no_leftovers(fake_hosts)
