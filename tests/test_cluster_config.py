@@ -336,7 +336,7 @@ def test_pip_packages_and_commands_come_first_in_setup_commands_once() -> None:
         f"pip install hydra-core=={v('hydra-core')}",
         f"pip install 'ray[default]=={v('ray')}'",
         f"pip install cloudpickle=={v('cloudpickle')}",
-        f"pip install hydra-ray-launcher=={__version__}",
+        # This plugin's own unreleased version is not on PyPI: it is shipped instead.
         "pip install numpy",
         "pip install 'scipy>=1.11'",
         "echo mine",
@@ -350,6 +350,9 @@ def test_pip_packages_and_commands_come_first_in_setup_commands_once() -> None:
     # Once per multirun or twice: the same, and the user's config is untouched.
     assert cluster_config_for_ray(cfg) == first
     assert list(cfg.ray.cluster.setup_commands) == ["echo mine"]
+    assert ".dev" in __version__
+    cfg.env_setup.pip_packages.hydra_ray_launcher = "2.0.0"
+    assert "pip install hydra-ray-launcher==2.0.0" in cluster_config_for_ray(cfg)["setup_commands"]
 
 
 def test_legacy_keys_are_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -194,6 +194,14 @@ def port_open(host: str, port: int, netns: str | None = None, timeout: float = 0
     return call_in_netns(netns, probe) if netns else probe()
 
 
+# The project checkout these tests run from.
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def _under_tmp(path: Path) -> bool:
+    return Path(path).resolve().is_relative_to("/tmp")
+
+
 def _which(cmd: str) -> str | None:
     # sshd lives in /usr/sbin, which is not on every PATH
     return shutil.which(cmd) or shutil.which(cmd, path="/usr/sbin:/sbin:/usr/bin:/bin")
@@ -405,6 +413,17 @@ class FakeHosts:
                 "mkdir /run/fakehost/keys\n"
                 f"mount --bind {q(str(self.key_dir))} /run/fakehost/keys\n"
             )
+        # The venv and this checkout must stay visible on the hosts even when they live
+        # below /tmp (a CI clone may): bind them aside, then back over the private /tmp.
+        shared = sorted({str(p) for p in (self.venv.resolve(), _CHECKOUT) if _under_tmp(p)})
+        stash = "".join(
+            f"mkdir -p /run/fakehost/keep/{i}\nmount --bind {q(path)} /run/fakehost/keep/{i}\n"
+            for i, path in enumerate(shared)
+        )
+        restore = "".join(
+            f"mkdir -p {q(path)}\nmount --bind /run/fakehost/keep/{i} {q(path)}\n"
+            for i, path in enumerate(shared)
+        )
         # Order matters: conf and key_dir may live below /tmp, so copy/bind them before /tmp is
         # replaced. A private /run holds sshd's privsep dir and the overlay's upper layer (tmpfs
         # works as an overlay upper even where base_dir is itself on overlayfs, e.g. in Docker).
@@ -419,7 +438,9 @@ class FakeHosts:
             "mkdir -p /root/.ray\n"
             "mount -t tmpfs -o mode=700 fakehost-dotray /root/.ray\n"
             "mount -t tmpfs -o mode=1777 fakehost-shm /dev/shm\n"
+            f"{stash}"
             f"mount --bind {q(str(tmp))} /tmp\n"
+            f"{restore}"
             "cp /run/fakehost/bashrc /root/.bashrc\n"
             f"exec {q(_require('sshd'))} -D -e -f /run/fakehost/sshd_config\n"
         )
