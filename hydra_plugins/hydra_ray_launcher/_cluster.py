@@ -79,8 +79,10 @@ def cluster_session(
             f"Creating or updating cluster {name!r} (no_restart={opts.no_restart}, "
             f"restart_only={opts.restart_only}, no_config_cache={opts.no_config_cache})"
         )
+        # The written file, not the dict: Ray's own hints ("ray down ...") then name
+        # a file that exists.
         sdk.create_or_update_cluster(
-            cluster_config,
+            str(config_file),
             no_restart=opts.no_restart,
             restart_only=opts.restart_only,
             no_config_cache=opts.no_config_cache,
@@ -97,7 +99,7 @@ def _stop_or_keep(launcher: DictConfig, cluster_config: dict[str, Any], config_f
     from ray.autoscaler import sdk
 
     name = cluster_config.get("cluster_name", "default")
-    down = f"ray down -y {shlex.quote(str(config_file))}"
+    down = f"ray down -y {shlex.quote(str(config_file.resolve()))}"
     if not launcher.stop_cluster:
         log.warning(
             f"Cluster {name!r} keeps running (stop_cluster=false) and costs money until "
@@ -112,7 +114,7 @@ def _stop_or_keep(launcher: DictConfig, cluster_config: dict[str, Any], config_f
     )
     try:
         sdk.teardown_cluster(
-            cluster_config,
+            str(config_file),
             workers_only=teardown.workers_only,
             keep_min_workers=teardown.keep_min_workers,
         )

@@ -22,6 +22,7 @@ from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
 from ._jobs import SweepState
+from ._validate import ray_init_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ def main(spec_path: str, returns_path: str) -> None:
     if spec.code_dir is not None:
         # Ray ships the working_dir to every node and puts it on the jobs' sys.path.
         runtime_env.setdefault("working_dir", os.path.abspath(spec.code_dir))
-    init = {**spec.init, "address": spec.init.get("address") or "auto"}
-    if runtime_env:
-        init["runtime_env"] = runtime_env
+    init = ray_init_kwargs(
+        {**spec.init, "address": spec.init.get("address") or "auto", "runtime_env": runtime_env}
+    )
     log.info(f"Connecting to the cluster's Ray with config: {init}")
     ray.init(**init)
     shipped = _engine.ship_state(state)

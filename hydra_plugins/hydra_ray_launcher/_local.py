@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn, configure_log, setup_globals
-from omegaconf import DictConfig, OmegaConf
 
 from . import _engine
 from ._jobs import capture_sweep_state
 from ._report import SweepReport
-from ._validate import ConfigError, ray_init_kwargs
+from ._validate import ConfigError, plain_dict, ray_init_kwargs
 
 if TYPE_CHECKING:
     from .ray_launcher import RayLauncher
@@ -40,8 +39,8 @@ def launch(
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     log.info(f"Ray Launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
-    init = _as_dict(launcher.ray.init)
-    remote = _as_dict(launcher.ray.remote)
+    init = plain_dict(launcher.ray.init)
+    remote = plain_dict(launcher.ray.remote)
     start_ray(init)
     try:
         if launcher.shipped is None or not launcher.shipped.is_current():
@@ -52,12 +51,6 @@ def launch(
     except KeyboardInterrupt:
         stop_ray()
         raise
-
-
-def _as_dict(node: DictConfig) -> dict[str, Any]:
-    container = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(container, dict)
-    return {str(k): v for k, v in container.items()}
 
 
 def start_ray(init: dict[str, Any]) -> None:

@@ -8,11 +8,11 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import cloudpickle
 from hydra.core.utils import JobReturn, configure_log, setup_globals
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from ._head_driver import PLUGIN_DIR, JobSpec, load_returns
 from ._jobs import capture_sweep_state
@@ -21,6 +21,7 @@ from ._sync import rsync_command
 from ._validate import (
     check_launch_preconditions,
     cluster_config_for_ray,
+    plain_dict,
     validate_cluster_config,
 )
 
@@ -60,8 +61,6 @@ def launch(
 
     # The job spec is pickled before any cluster exists: an app that cannot be
     # pickled fails here, for free.
-    local_tmp = Path(tempfile.mkdtemp(prefix="hydra-ray-"))
-    spec_file = local_tmp / "job_spec.pkl"
     spec = JobSpec(
         state=capture_sweep_state(launcher.hydra_context, launcher.task_function, config),
         job_overrides=[list(o) for o in job_overrides],
@@ -70,29 +69,31 @@ def launch(
             launcher.hydra_context.config_loader.load_sweep_config(config, list(o))
             for o in job_overrides
         ],
-        init=_as_dict(settings.ray.init),
-        remote=_as_dict(settings.ray.remote),
+        init=plain_dict(settings.ray.init),
+        remote=plain_dict(settings.ray.remote),
         sweep_dir=str(sweep_dir),
         code_dir=_code_dir(settings.sync_up),
     )
-    spec_file.write_bytes(cloudpickle.dumps(spec))
-    log.info(f"Pickle for jobs: {spec_file}")
-
-    cluster = launcher.cluster(sweep_dir / ".hydra" / "ray_cluster.yaml")
-    remote_tmp = _make_remote_tmp(cluster)
-    try:
-        _ship_plugin(cluster, remote_tmp, local_tmp)
-        _sync_up(cluster, settings.sync_up, remote_tmp, local_tmp)
-        cluster.rsync_up(str(spec_file), f"{remote_tmp}/job_spec.pkl")
+    with tempfile.TemporaryDirectory(prefix="hydra-ray-") as tmp:
+        local_tmp = Path(tmp)
+        spec_file = local_tmp / "job_spec.pkl"
+        spec_file.write_bytes(cloudpickle.dumps(spec))
+        log.info(f"Pickle for jobs: {spec_file}")
+        cluster = launcher.cluster(sweep_dir / ".hydra" / "ray_cluster.yaml")
+        remote_tmp = _make_remote_tmp(cluster)
         try:
-            _run_head_driver(cluster, remote_tmp, spec.code_dir)
+            _ship_plugin(cluster, remote_tmp, local_tmp)
+            _sync_up(cluster, settings.sync_up, remote_tmp, local_tmp)
+            cluster.rsync_up(str(spec_file), f"{remote_tmp}/job_spec.pkl")
+            try:
+                _run_head_driver(cluster, remote_tmp, spec.code_dir)
+            finally:
+                # Whatever finished is brought home, also when the driver failed.
+                _sync_down(cluster, settings.sync_down, remote_tmp, sweep_dir)
+            cluster.rsync_down(f"{remote_tmp}/returns.pkl", str(local_tmp / "returns.pkl"))
+            return load_returns(str(local_tmp / "returns.pkl"))
         finally:
-            # Whatever finished is brought home, also when the driver failed.
-            _sync_down(cluster, settings.sync_down, remote_tmp, sweep_dir)
-        cluster.rsync_down(f"{remote_tmp}/returns.pkl", str(local_tmp / "returns.pkl"))
-        return load_returns(str(local_tmp / "returns.pkl"))
-    finally:
-        _remove_remote_tmp(cluster, remote_tmp)
+            _remove_remote_tmp(cluster, remote_tmp)
 
 
 def _code_dir(sync: DictConfig) -> str | None:
@@ -101,12 +102,6 @@ def _code_dir(sync: DictConfig) -> str | None:
     if sync.source_dir is None:
         return None
     return str(sync.target_dir) if sync.target_dir is not None else "code"
-
-
-def _as_dict(node: DictConfig) -> dict[str, Any]:
-    container = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(container, dict)
-    return {str(k): v for k, v in container.items() if v is not None}
 
 
 def _make_remote_tmp(cluster: "Cluster") -> str:

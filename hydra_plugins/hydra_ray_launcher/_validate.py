@@ -35,6 +35,13 @@ class ConfigError(HydraException):
     """A launcher config value that cannot work; the message names the key and the fix."""
 
 
+def plain_dict(node: DictConfig) -> dict[str, Any]:
+    """A config node as the plain dict Ray's APIs take, interpolations resolved."""
+    container = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(container, dict)
+    return {str(k): v for k, v in container.items()}
+
+
 def without_nulls(options: Mapping[str, Any]) -> dict[str, Any]:
     """Null means "Ray's default": such keys are not passed to Ray at all."""
     return {k: v for k, v in options.items() if v is not None}
