@@ -171,8 +171,6 @@ def _run_head_driver(cluster: "Cluster", remote_tmp: str, code_dir: str | None) 
     pythonpath = f"{tmp}/{PLUGIN_DIR}:" + (f"{shlex.quote(code_dir)}:" if code_dir else "")
     cmd = (
         f"cd {tmp} && "
-        # A cluster started with a token needs the driver to present it.
-        "if [ -f ~/.ray/auth_token ]; then export RAY_AUTH_MODE=token; fi; "
         f"PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 "
         f"python -m hydra_plugins.hydra_ray_launcher._head_driver "
         f"{tmp}/job_spec.pkl {tmp}/returns.pkl"

@@ -3,6 +3,7 @@
 its own filesystem, over ssh), runs the sweep there, brings the outputs home and
 tears the cluster down."""
 
+import secrets
 import shutil
 import sys
 from pathlib import Path
@@ -122,4 +123,40 @@ def test_every_job_output_dir_comes_home(
     if failing:
         assert "ValueError: job 1 was told to raise" in res.stdout
     assert "Stopping cluster" in res.stdout
+    _no_leftovers(fake_hosts)
+
+
+def test_cluster_with_token_authentication(fake_hosts: FakeHosts, tmp_path: Path) -> None:
+    """Ray 2.60 token auth on every node (the token shipped with file_mounts, as
+    Ray's docs describe): the driver on the head connects (Ray's address="auto"
+    finds the head's token) and the jobs run on the worker."""
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    config = fake_hosts.local_cluster_config(
+        unique_cluster_name("tok"),
+        num_cpus=2,
+        auth_mode="token",
+        head_args=["--num-cpus=0", "--include-dashboard=false"],
+    )
+    config["file_mounts"] = {"/root/.ray/auth_token": str(token)}
+    cluster_yaml = tmp_path / "cluster.yaml"
+    cluster_yaml.write_text(yaml.safe_dump(config))
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps", app)
+    sweep = tmp_path / "sweep"
+    res = _run(
+        fake_hosts,
+        tmp_path,
+        app,
+        "app.py",
+        "--multirun",
+        "x=1,2",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={cluster_yaml}",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert res.returncode == 0, res.stdout
+    for num in range(2):
+        assert (sweep / str(num) / f"done_{num}.json").is_file()
+    assert "on 127.0.0.3" in res.stdout
     _no_leftovers(fake_hosts)
