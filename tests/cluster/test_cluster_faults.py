@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ..cluster_harness.fake_hosts import FakeHosts, launcher_env
-from .test_cluster_launcher import REPO, _cluster_yaml, _no_leftovers, _run
+from .test_cluster_launcher import REPO, _cluster_yaml, _no_leftovers, _run_test_app
 
 
 class RunningApp:
@@ -123,21 +123,14 @@ def test_ctrl_c_during_the_remote_run_tears_down(
 
 
 def test_batched_sweeper_creates_the_cluster_once(fake_hosts: FakeHosts, tmp_path: Path) -> None:
-    app = tmp_path / "app"
-    shutil.copytree(REPO / "tests" / "apps", app)
     sweep = tmp_path / "sweep"
-    res = _run(
+    res = _run_test_app(
         fake_hosts,
         tmp_path,
-        app,
-        "app.py",
-        "--multirun",
+        _cluster_yaml(fake_hosts, tmp_path, "bat"),
         "x=1,2,3,4",
         "hydra/sweeper=basic",
         "hydra.sweeper.max_batch_size=2",
-        "hydra/launcher=ray_cluster",
-        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'bat')}",
-        f"hydra.sweep.dir={sweep}",
     )
     assert res.returncode == 0, res.stdout
     assert res.stdout.count("Ray Launcher is launching 2 jobs") == 2

@@ -42,6 +42,24 @@ def _run(hosts: FakeHosts, tmp_path: Path, cwd: Path, *args: str) -> Any:
     )
 
 
+def _run_test_app(hosts: FakeHosts, tmp_path: Path, cluster_yaml: Path, *overrides: str) -> Any:
+    """`python app.py --multirun OVERRIDES` (tests/apps) on the cluster of `cluster_yaml`,
+    with its sweep dir at tmp_path/sweep."""
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps", app)
+    return _run(
+        hosts,
+        tmp_path,
+        app,
+        "app.py",
+        "--multirun",
+        *overrides,
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={cluster_yaml}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
+
+
 def _sync_overrides() -> list[str]:
     """The example's own sync_up/sync_down settings, as overrides of ray_cluster."""
     example = OmegaConf.to_container(
@@ -98,21 +116,14 @@ def test_upload_download_example_brings_every_checkpoint_home(
 def test_every_job_output_dir_comes_home(
     fake_hosts: FakeHosts, tmp_path: Path, failing: bool
 ) -> None:
-    app = tmp_path / "app"
-    shutil.copytree(REPO / "tests" / "apps", app)
     sweep = tmp_path / "sweep"
-    res = _run(
+    res = _run_test_app(
         fake_hosts,
         tmp_path,
-        app,
-        "app.py",
-        "--multirun",
+        _cluster_yaml(fake_hosts, tmp_path, "all"),
         "x=1,2,3",
         "seconds=1",
         f"raise_on={[2] if failing else []}",
-        "hydra/launcher=ray_cluster",
-        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'all')}",
-        f"hydra.sweep.dir={sweep}",
     )
     assert (res.returncode != 0) == failing, res.stdout
     for num in range(3):
@@ -141,20 +152,14 @@ def test_cluster_with_token_authentication(fake_hosts: FakeHosts, tmp_path: Path
     config["file_mounts"] = {"/root/.ray/auth_token": str(token)}
     cluster_yaml = tmp_path / "cluster.yaml"
     cluster_yaml.write_text(yaml.safe_dump(config))
-    app = tmp_path / "app"
-    shutil.copytree(REPO / "tests" / "apps", app)
     sweep = tmp_path / "sweep"
-    res = _run(
-        fake_hosts,
-        tmp_path,
-        app,
-        "app.py",
-        "--multirun",
-        "x=1,2",
-        "hydra/launcher=ray_cluster",
-        f"hydra.launcher.cluster_yaml={cluster_yaml}",
-        f"hydra.sweep.dir={sweep}",
-    )
+    try:
+        res = _run_test_app(fake_hosts, tmp_path, cluster_yaml, "x=1,2")
+    finally:
+        # The hosts outlive this test: a token left there would be picked up by
+        # the drivers of the token-less clusters of later tests.
+        for host in ("head", "worker"):
+            fake_hosts.host_path(host, "/root/.ray/auth_token").unlink(missing_ok=True)
     assert res.returncode == 0, res.stdout
     for num in range(2):
         assert (sweep / str(num) / f"done_{num}.json").is_file()
