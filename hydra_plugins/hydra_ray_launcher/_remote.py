@@ -131,7 +131,7 @@ def _ship_plugin(cluster: "Cluster", remote_tmp: str, local_tmp: Path) -> None:
     staged.parent.mkdir(parents=True)
     subprocess.run(
         rsync_command(
-            f"{Path(__file__).parent}/", f"{staged}/", include=[], exclude=["__pycache__"], ssh=None
+            f"{Path(__file__).parent}/", f"{staged}/", include=[], exclude=["__pycache__"]
         ),
         check=True,
     )
@@ -150,11 +150,7 @@ def _sync_up(cluster: "Cluster", sync: DictConfig, remote_tmp: str, local_tmp: P
     staged = local_tmp / "code"
     subprocess.run(
         rsync_command(
-            f"{source}/",
-            f"{staged}/",
-            include=list(sync.include),
-            exclude=list(sync.exclude),
-            ssh=None,
+            f"{source}/", f"{staged}/", include=list(sync.include), exclude=list(sync.exclude)
         ),
         check=True,
     )
@@ -200,11 +196,7 @@ def _sync_down(cluster: "Cluster", sync: DictConfig, remote_tmp: str, sweep_dir:
         # Filter on the head, so that only what is wanted crosses the network.
         staged = f"{remote_tmp}/down"
         filter_cmd = rsync_command(
-            f"{source}/",
-            f"{staged}/",
-            include=list(sync.include),
-            exclude=list(sync.exclude),
-            ssh=None,
+            f"{source}/", f"{staged}/", include=list(sync.include), exclude=list(sync.exclude)
         )
         try:
             cluster.run(f"mkdir -p {shlex.quote(staged)} && {shlex.join(filter_cmd)}")

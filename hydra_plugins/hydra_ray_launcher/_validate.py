@@ -105,7 +105,7 @@ def cluster_config_for_ray(launcher_cfg: DictConfig) -> dict[str, Any]:
     Raises ConfigError if cluster_yaml cannot be read.
     """
     base = _load_cluster_yaml(launcher_cfg.get("cluster_yaml"))
-    ours = _container(launcher_cfg.ray.cluster)
+    ours = plain_dict(launcher_cfg.ray.cluster)
     for key in _LEGACY_CLUSTER_KEYS:
         if base.pop(key, None) is not None:
             _warn_legacy(f"{key} in hydra.launcher.cluster_yaml", key)
@@ -122,16 +122,10 @@ def cluster_config_for_ray(launcher_cfg: DictConfig) -> dict[str, Any]:
         del cluster["docker"]
     cluster["setup_commands"] = [
         *(str(c) for c in launcher_cfg.env_setup.commands),
-        *_pip_commands(_container(launcher_cfg.env_setup.pip_packages)),
+        *_pip_commands(plain_dict(launcher_cfg.env_setup.pip_packages)),
         *cluster.get("setup_commands", []),
     ]
     return cluster
-
-
-def _container(node: DictConfig) -> dict[str, Any]:
-    container = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(container, dict)
-    return {str(k): v for k, v in container.items()}
 
 
 def _load_cluster_yaml(path: str | None) -> dict[str, Any]:
