@@ -1,9 +1,15 @@
 """Shared fixtures: one real Ray for the whole test session, and a runner for
 Hydra apps as subprocesses."""
 
+import fcntl
 import os
+import pty
+import select
+import struct
 import subprocess
 import sys
+import termios
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,3 +60,43 @@ def run_app(
         timeout=timeout,
     )
     return AppRun(res.returncode, res.stdout)
+
+
+def run_app_in_pty(
+    app: str, *overrides: str, cwd: Path, columns: int = 120, timeout: float = 180
+) -> AppRun:
+    """Run the app as `run_app` does, but on a pseudo-terminal, as a user at a
+    terminal would: everything it writes, control sequences included."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TERM": "xterm-256color"}
+    proc = subprocess.Popen(
+        [sys.executable, str(APPS / app), "--multirun", *overrides],
+        cwd=cwd,
+        env=env,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: the app's side of the terminal is closed
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        else:
+            proc.kill()
+            raise TimeoutError(f"{app} did not end within {timeout} s")
+    finally:
+        os.close(master)
+    return AppRun(proc.wait(timeout=30), b"".join(chunks).decode(errors="replace"))

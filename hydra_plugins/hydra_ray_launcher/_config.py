@@ -78,6 +78,18 @@ class RayConf:
 class RayLauncherConf:
     _target_: str = "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
     ray: RayConf = field(default_factory=RayConf)
+    # On a terminal: a live display of the sweep (counts, time left, latest job
+    # events). false, or not a terminal: one log line per job event.
+    progress: bool = True
+    # Seconds a job (each attempt) may run; then it is cancelled and reported as
+    # timed out, and the other jobs go on. null: no limit.
+    job_timeout_s: float | None = None
+    # How many more times a job whose task function raises runs again (in the same
+    # job dir). A job whose process or node dies is retried by Ray: ray.remote.max_retries.
+    retries: int = 0
+    # true, with hydra.sweep.dir=<an earlier sweep's dir>: the jobs that succeeded
+    # there are not run again (their recorded results are returned); the others run.
+    resume: bool = False
 
 
 # ---- The cluster launchers (`ray_aws`, `ray_cluster`) ----
@@ -99,6 +111,7 @@ class EnvSetupConf:
             "hydra_core": "${ray_pkg_version:hydra}",
             "ray": "${ray_pkg_version:ray}",
             "cloudpickle": "${ray_pkg_version:cloudpickle}",
+            "rich": "${ray_pkg_version:rich}",
             "hydra_ray_launcher": __version__,
         }
     )
@@ -320,6 +333,19 @@ class RayAWSLauncherConf:
         default_factory=RayCreateOrUpdateClusterConf
     )
     teardown_cluster: RayTeardownClusterConf = field(default_factory=RayTeardownClusterConf)
+    # On a terminal: a live display of the sweep, drawn by the head's driver
+    # (counts, time left, latest job events). false, or not a terminal: one log
+    # line per job event.
+    progress: bool = True
+    # Seconds a job (each attempt) may run; then it is cancelled and reported as
+    # timed out, and the other jobs go on. null: no limit.
+    job_timeout_s: float | None = None
+    # How many more times a job whose task function raises runs again (in the same
+    # job dir). A job whose process or node dies is retried by Ray: ray.remote.max_retries.
+    retries: int = 0
+    # true, with hydra.sweep.dir=<an earlier sweep's dir>: the jobs that succeeded
+    # there are not run again (their recorded results are returned); the others run.
+    resume: bool = False
 
 
 @dataclass

@@ -8,17 +8,20 @@ head. Ray is imported inside functions: Hydra imports this module at every start
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
-from ._jobs import JobError, JobOutcome, SweepState, run_one_job
-from ._report import SweepReport, describe
+from ._jobs import FAILED, TIMED_OUT, JobError, JobOutcome, JobStarted, SweepState, run_one_job
+from ._report import describe
 from ._validate import ConfigError, without_nulls
+
+if TYPE_CHECKING:
+    from ._report import SweepProgress
 
 log = logging.getLogger(__name__)
 
@@ -63,72 +66,165 @@ def task_options(remote: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
+@dataclass(frozen=True)
+class Job:
+    """One job of a sweep: its number and its overrides."""
+
+    idx: int
+    overrides: list[str]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the engine treats failing and slow jobs (hydra.launcher.retries and
+    hydra.launcher.job_timeout_s)."""
+
+    # Runs a job again this many times at most when its task function raises.
+    retries: int = 0
+    # Cancels an attempt that has run longer than this; None: no limit.
+    job_timeout_s: float | None = None
+
+
+@dataclass
+class _Attempt:
+    job: Job
+    number: int
+    config: DictConfig | None
+    # time.monotonic() of this driver when the job said it started; None while queued.
+    started: float | None = None
+
+
 def run_jobs(
     shipped: ShippedState,
-    job_overrides: Sequence[Sequence[str]],
-    initial_job_idx: int,
+    jobs: Sequence[Job],
     remote: Mapping[str, Any],
-    configs: Sequence[DictConfig] | None = None,
-) -> list[JobReturn]:
-    """Run every job as a Ray task, concurrently, and return their `JobReturn`s in
+    *,
+    policy: Policy,
+    progress: "SweepProgress",
+    configs: Mapping[int, DictConfig] | None = None,
+    on_finished: Callable[[JobOutcome], None] | None = None,
+) -> list[JobOutcome]:
+    """Run every job as a Ray task, concurrently, and return their outcomes in
     job order. Each job's config is composed in its worker, unless `configs`
     gives them composed already (nodes that lack the app's config files).
 
-    A job that fails or whose process dies becomes a failed JobReturn; the
-    others run on. On KeyboardInterrupt, the jobs still queued or running are
-    cancelled before it propagates."""
+    A job that fails, times out or whose process dies becomes a failed outcome;
+    the others run on. `on_finished` is called with each final outcome as it
+    comes (the sweep's records). On KeyboardInterrupt, the jobs still queued or
+    running are cancelled before it propagates."""
     import ray
 
-    options = task_options(remote)
+    options = {**task_options(remote), "num_returns": "streaming"}
     task = ray.remote(run_one_job)
-    report = SweepReport(job_overrides, initial_job_idx)
-    submitted = time.time()
-    pending = []
-    index_of: dict[Any, int] = {}
-    for pos, overrides in enumerate(job_overrides):
-        idx = initial_job_idx + pos
-        ref = task.options(**options, name=f"hydra job #{idx}").remote(
-            shipped.key, [shipped.ref], idx, list(overrides), configs[pos] if configs else None
+    attempts = policy.retries + 1
+    running: dict[Any, _Attempt] = {}
+
+    def submit(job: Job, number: int, config: DictConfig | None) -> None:
+        gen = task.options(**options, name=f"hydra job #{job.idx}").remote(
+            shipped.key, [shipped.ref], job.idx, job.overrides, config, number, attempts
         )
-        pending.append(ref)
-        index_of[ref] = idx
-    results: list[JobReturn | None] = [None] * len(job_overrides)
+        running[gen] = _Attempt(job, number, config)
+
+    for job in jobs:
+        submit(job, 1, configs[job.idx] if configs else None)
+    results: dict[int, JobOutcome] = {}
+
+    def finish(outcome: JobOutcome) -> None:
+        results[outcome.idx] = outcome
+        progress.finished(outcome)
+        if on_finished is not None:
+            on_finished(outcome)
+
     try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            if pending:  # collect everything else that is done too, without waiting
-                more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-                ready += more
-            for ref in ready:
-                idx = index_of[ref]
-                outcome = _outcome(ref, idx, job_overrides[idx - initial_job_idx], submitted)
-                results[idx - initial_job_idx] = outcome.job_return
-                report.job_done(idx, outcome.job_return, outcome.duration, outcome.node)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=_wait_s(running, policy))
+            if ready and len(running) > 1:  # everything else that is ready too, without waiting
+                ready, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
+            for gen in ready:
+                attempt = running[gen]
+                item = _next_item(gen, attempt)
+                if isinstance(item, JobStarted):
+                    attempt.started = time.monotonic()
+                    progress.started(item.idx, item.node, item.attempt)
+                    continue
+                del running[gen]
+                if item.task_raised and attempt.number < attempts:
+                    progress.retrying(item, attempt.number + 1)
+                    submit(attempt.job, attempt.number + 1, attempt.config)
+                else:
+                    finish(item)
+            for gen, attempt in list(_overdue(running, policy)):
+                ray.cancel(gen, force=True)
+                del running[gen]
+                finish(_timed_out(attempt, policy))
     except KeyboardInterrupt:
-        log.warning(f"Interrupted: cancelling {len(pending)} unfinished jobs")
-        for ref in pending:
-            ray.cancel(ref, force=True)
+        log.warning(f"Interrupted: cancelling {len(running)} unfinished jobs")
+        for gen in running:
+            ray.cancel(gen, force=True)
         raise
-    report.close()
-    return [r for r in results if r is not None]
+    return [results[job.idx] for job in jobs]
 
 
-def _outcome(ref: Any, idx: int, overrides: Sequence[str], submitted: float) -> JobOutcome:
-    """The job's outcome, or a failed one that says why the job never returned."""
+def _wait_s(running: Mapping[Any, _Attempt], policy: Policy) -> float | None:
+    """How long ray.wait may block: until the next attempt would time out."""
+    if policy.job_timeout_s is None:
+        return None
+    deadlines = [a.started + policy.job_timeout_s for a in running.values() if a.started]
+    # Queued jobs start without telling ray.wait: look again within a second.
+    return max(0.0, min([*deadlines, time.monotonic() + 1.0]) - time.monotonic())
+
+
+def _overdue(running: Mapping[Any, _Attempt], policy: Policy) -> list[tuple[Any, _Attempt]]:
+    if policy.job_timeout_s is None:
+        return []
+    now = time.monotonic()
+    return [
+        (gen, a)
+        for gen, a in running.items()
+        if a.started is not None and now - a.started > policy.job_timeout_s
+    ]
+
+
+def _timed_out(attempt: _Attempt, policy: Policy) -> JobOutcome:
+    job = attempt.job
+    error = JobError(
+        f"Job #{job.idx} ({describe(job.overrides) or 'no overrides'}) timed out after "
+        f"{policy.job_timeout_s:g} s (hydra.launcher.job_timeout_s) and was cancelled"
+    )
+    return _failed(attempt, error, TIMED_OUT)
+
+
+def _failed(attempt: _Attempt, error: BaseException, status: str) -> JobOutcome:
+    job_return = JobReturn(overrides=list(attempt.job.overrides), status=JobStatus.FAILED)
+    job_return.return_value = error
+    now = time.time()
+    ran_s = time.monotonic() - attempt.started if attempt.started is not None else 0.0
+    return JobOutcome(
+        idx=attempt.job.idx,
+        job_return=job_return,
+        started=now - ran_s,
+        ended=now,
+        node="?",
+        attempt=attempt.number,
+        status=status,
+    )
+
+
+def _next_item(gen: Any, attempt: _Attempt) -> JobStarted | JobOutcome:
+    """The next thing the job's task yielded, or a failed outcome that says why
+    the job never returned (its process or node died, after Ray's retries)."""
     import ray
 
+    job = attempt.job
     try:
-        outcome = ray.get(ref)
-        assert isinstance(outcome, JobOutcome)
-        return outcome
-    except ray.exceptions.RayError as exc:
+        item = ray.get(next(gen))
+        assert isinstance(item, JobStarted | JobOutcome)
+        return item
+    except (ray.exceptions.RayError, StopIteration) as exc:
         cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
         reason = f"{type(cause).__name__}: {cause}".strip()
         error = JobError(
-            f"Job #{idx} ({describe(overrides) or 'no overrides'}) did not complete: {reason}"
+            f"Job #{job.idx} ({describe(job.overrides) or 'no overrides'}) did not complete: "
+            f"{reason}"
         )
-        job_return = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
-        job_return.return_value = error
-        return JobOutcome(
-            idx=idx, job_return=job_return, started=submitted, ended=time.time(), node="?"
-        )
+        return _failed(attempt, error, FAILED)

@@ -12,16 +12,18 @@ import os
 import shutil
 import sys
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
-from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
-from ._jobs import SweepState
+from ._engine import Job, Policy
+from ._jobs import JobOutcome, SweepState
+from ._records import write_record
+from ._report import SweepProgress
 from ._validate import ray_init_kwargs
 
 log = logging.getLogger(__name__)
@@ -35,18 +37,23 @@ class JobSpec:
     """What the launching machine sends to the head: serialised as job_spec.pkl."""
 
     state: SweepState
-    job_overrides: Sequence[Sequence[str]]
-    initial_job_idx: int
+    jobs: Sequence[Job]
     init: dict[str, Any]
     remote: dict[str, Any]
     # The sweep output dir as the jobs will resolve it (relative to the head's cwd).
     sweep_dir: str
     # Every job's config, composed on the launching machine: the app's config
     # files are not on the cluster.
-    configs: Sequence[DictConfig]
+    configs: Mapping[int, DictConfig]
     # Dir synced up with the user's code, relative to the head driver's working
     # dir or absolute: on every node's sys.path for the jobs.
     code_dir: str | None
+    policy: Policy
+    # Draw the live display (the user's terminal is one), this wide.
+    live: bool
+    width: int | None
+    # Jobs of the batch taken from an earlier run (resume): for the progress counts.
+    already_done: int
 
 
 def main(spec_path: str, returns_path: str) -> None:
@@ -57,6 +64,8 @@ def main(spec_path: str, returns_path: str) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
     with open(spec_path, "rb") as f:
         spec: JobSpec = cloudpickle.load(f)
+    if not spec.live:  # the user's output is no terminal: no colour codes in it
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     # Jobs resolve relative dirs against the head's working dir, not the
     # launching machine's (which need not exist here).
     state = dataclasses.replace(spec.state, cwd=os.getcwd())
@@ -72,14 +81,37 @@ def main(spec_path: str, returns_path: str) -> None:
     log.info(f"Connecting to the cluster's Ray with config: {init}")
     ray.init(**init)
     shipped = _engine.ship_state(state)
-    returns = _engine.run_jobs(
-        shipped, spec.job_overrides, spec.initial_job_idx, spec.remote, spec.configs
-    )
-    gather_outputs(Path(spec.sweep_dir).resolve())
+    sweep_dir = Path(spec.sweep_dir).resolve()
+    with SweepProgress(
+        [(j.idx, j.overrides) for j in spec.jobs],
+        live=spec.live and _have_rich(),
+        width=spec.width,
+        already_done=spec.already_done,
+    ) as progress:
+        outcomes = _engine.run_jobs(
+            shipped,
+            spec.jobs,
+            spec.remote,
+            policy=spec.policy,
+            progress=progress,
+            configs=spec.configs,
+            # On the head: synced down with the outputs, also after an interruption.
+            on_finished=lambda outcome: write_record(sweep_dir, outcome),
+        )
+    gather_outputs(sweep_dir)
     tmp = returns_path + ".part"
     with open(tmp, "wb") as f:
-        cloudpickle.dump(list(returns), f)
+        cloudpickle.dump(outcomes, f)
     os.replace(tmp, returns_path)
+
+
+def _have_rich() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        log.warning("rich is not installed on the head: progress shown as lines")
+        return False
+    return True
 
 
 def gather_outputs(sweep_dir: Path) -> None:
@@ -119,11 +151,11 @@ def _pack_and_remove(sweep_dir: str, workdir: str) -> bytes:
     return data
 
 
-def load_returns(path: str) -> list[JobReturn]:
+def load_outcomes(path: str) -> list[JobOutcome]:
     with open(path, "rb") as f:
-        returns = cloudpickle.load(f)
-    assert isinstance(returns, list)
-    return returns
+        outcomes = cloudpickle.load(f)
+    assert isinstance(outcomes, list)
+    return outcomes
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 import time
 import traceback
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,9 +52,26 @@ def capture_sweep_state(
     )
 
 
+@dataclass(frozen=True)
+class JobStarted:
+    """The first thing a job's task yields: the driver learns the job is running."""
+
+    idx: int
+    attempt: int
+    node: str
+    pid: int
+
+
+# What a job ended as, in the summary and in sweep_summary.json.
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+TIMED_OUT = "timed out"
+INTERRUPTED = "interrupted"
+
+
 @dataclass
 class JobOutcome:
-    """A job's `JobReturn` and where and when it ran."""
+    """A job's `JobReturn` and where, when and how it ran."""
 
     idx: int
     job_return: JobReturn
@@ -62,10 +79,28 @@ class JobOutcome:
     ended: float
     node: str
     pid: int = field(default_factory=os.getpid)
+    # 1 for the first run of the job, 2 for its first retry, ...
+    attempt: int = 1
+    # The failure came from the task function (a retry may succeed), not from
+    # composing the config or from the job's process dying.
+    task_raised: bool = False
+    # SUCCEEDED, FAILED, TIMED_OUT or INTERRUPTED.
+    status: str = SUCCEEDED
+    # Taken from the record of an earlier run of the sweep (resume), not run now.
+    resumed: bool = False
 
     @property
     def duration(self) -> float:
         return self.ended - self.started
+
+    @property
+    def error(self) -> str | None:
+        """One line on why the job failed; None if it succeeded."""
+        if self.job_return.status == JobStatus.COMPLETED:
+            return None
+        err = self.job_return._return_value
+        lines = str(err).strip().splitlines()
+        return f"{type(err).__name__}: {lines[0] if lines else ''}".strip()
 
 
 class JobError(RuntimeError):
@@ -122,19 +157,41 @@ def run_one_job(
     idx: int,
     overrides: Sequence[str],
     composed: DictConfig | None = None,
-) -> JobOutcome:
+    attempt: int = 1,
+    attempts: int = 1,
+) -> Iterator[JobStarted | JobOutcome]:
     """Compose job `idx`'s config from its overrides (unless it comes `composed`
-    already) and run it with `run_job`.
+    already) and run it with `run_job`. A Ray streaming generator: it yields
+    JobStarted as soon as it runs (the driver's clock for the job's timeout
+    starts then), then the JobOutcome.
 
     `packed_state` is a one-element list holding the object-store ref of the
     pickled SweepState: wrapped so that Ray does not fetch and unpickle it for
     every task; it is fetched only by a worker that has not restored it yet.
+    `attempt` of `attempts` is this run's number among the runs the launcher's
+    `retries` allow.
     """
     import ray
 
     started = time.time()
     node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    yield JobStarted(idx=idx, attempt=attempt, node=node, pid=os.getpid())
+    yield _run(state_key, packed_state, idx, overrides, composed, attempt, attempts, started, node)
+
+
+def _run(
+    state_key: str,
+    packed_state: list[Any],
+    idx: int,
+    overrides: Sequence[str],
+    composed: DictConfig | None,
+    attempt: int,
+    attempts: int,
+    started: float,
+    node: str,
+) -> JobOutcome:
     state = _restore(state_key, packed_state)
+    task_raised = False
     try:
         os.makedirs(state.cwd, exist_ok=True)
         os.chdir(state.cwd)
@@ -145,19 +202,47 @@ def run_one_job(
             sweep_config.hydra.job.id = idx
             sweep_config.hydra.job.num = idx
         HydraConfig.instance().set_config(sweep_config)
+        task_function = state.task_function
+        if attempts > 1:
+            task_function = _announcing_attempt(task_function, idx, attempt, attempts)
         job_return = run_job(
             hydra_context=state.hydra_context,
-            task_function=state.task_function,
+            task_function=task_function,
             config=sweep_config,
             job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",
         )
+        task_raised = job_return.status == JobStatus.FAILED
     except Exception as exc:  # composing the config failed: the job never ran
         job_return = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
         job_return.return_value = exc
+    status = SUCCEEDED
     if job_return.status == JobStatus.FAILED:
         job_return.return_value = _portable_error(job_return._return_value, idx, node)
-    return JobOutcome(idx=idx, job_return=job_return, started=started, ended=time.time(), node=node)
+        status = FAILED
+    return JobOutcome(
+        idx=idx,
+        job_return=job_return,
+        started=started,
+        ended=time.time(),
+        node=node,
+        attempt=attempt,
+        task_raised=task_raised,
+        status=status,
+    )
+
+
+def _announcing_attempt(
+    task_function: TaskFunction, idx: int, attempt: int, attempts: int
+) -> TaskFunction:
+    """The task function, preceded by a line in the job's own log (run_job has set
+    that log up when it calls the task function) that says which attempt runs."""
+
+    def task(cfg: DictConfig) -> Any:
+        log.info(f"Job #{idx}: attempt {attempt} of {attempts}")
+        return task_function(cfg)
+
+    return task
 
 
 def _portable_error(exc: BaseException, idx: int, node: str) -> BaseException:

@@ -3,6 +3,7 @@ the sweep state once, run the engine."""
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,8 +11,11 @@ from typing import TYPE_CHECKING, Any
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 
 from . import _engine
-from ._jobs import capture_sweep_state
-from ._report import SweepReport
+from ._engine import Job
+from ._jobs import JobOutcome, capture_sweep_state
+from ._records import write_record
+from ._report import SweepProgress
+from ._sweep import SweepBook, run_batch, sweep_settings
 from ._validate import ConfigError, plain_dict, ray_init_kwargs
 
 if TYPE_CHECKING:
@@ -31,23 +35,48 @@ def launch(
     assert launcher.hydra_context is not None
     assert launcher.task_function is not None
     config = launcher.config
+    settings = config.hydra.launcher
     # Each job's own lines matter in a sweep: Ray's log deduplication (read when
     # ray is imported) would fold "similar" lines of different jobs into one.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not sys.stdout.isatty():
+        # Logs in a file or CI: the prefix of the jobs' lines without colour codes
+        # (read by Ray at every line).
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    log.info(f"Ray Launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
-    init = plain_dict(launcher.ray.init)
-    remote = plain_dict(launcher.ray.remote)
-    start_ray(init)
-    try:
+    if launcher.book is None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        launcher.book = SweepBook(
+            sweep_dir, list(config.hydra.overrides.task), sweep_settings(settings)
+        )
+    book = launcher.book
+    init = plain_dict(settings.ray.init)
+    remote = plain_dict(settings.ray.remote)
+
+    def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
+        assert launcher.hydra_context is not None and launcher.task_function is not None
+        start_ray(init)
         if launcher.shipped is None or not launcher.shipped.is_current():
             state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
             launcher.shipped = _engine.ship_state(state)
-        SweepReport(job_overrides, initial_job_idx).job_list()
-        return _engine.run_jobs(launcher.shipped, job_overrides, initial_job_idx, remote)
+        with SweepProgress(
+            [(j.idx, j.overrides) for j in jobs],
+            live=book.settings.live,
+            already_done=already_done,
+        ) as progress:
+            return _engine.run_jobs(
+                launcher.shipped,
+                jobs,
+                remote,
+                policy=book.settings.policy,
+                progress=progress,
+                on_finished=lambda outcome: write_record(book.sweep_dir, outcome),
+            )
+
+    try:
+        return run_batch(book, job_overrides, initial_job_idx, run)
     except KeyboardInterrupt:
         stop_ray()
         raise

@@ -4,6 +4,7 @@ bring the job returns and every job's outputs home."""
 
 import logging
 import shlex
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -14,9 +15,11 @@ import cloudpickle
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 from omegaconf import DictConfig
 
-from ._head_driver import PLUGIN_DIR, JobSpec, load_returns
-from ._jobs import capture_sweep_state
-from ._report import SweepReport
+from ._engine import Job
+from ._head_driver import PLUGIN_DIR, JobSpec, load_outcomes
+from ._jobs import JobOutcome, capture_sweep_state
+from ._records import RECORD_DIR
+from ._sweep import SweepBook, run_batch, sweep_settings
 from ._sync import rsync_command
 from ._validate import (
     check_launch_preconditions,
@@ -50,30 +53,47 @@ def launch(
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     if launcher.cluster_config is None:
         # Everything that can be refused is refused here, before anything costs.
+        sweep = sweep_settings(settings)
         check_launch_preconditions(settings)
         cluster_config = cluster_config_for_ray(settings)
         validate_cluster_config(cluster_config)
         launcher.cluster_config = cluster_config
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    log.info(f"Ray Launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
-    SweepReport(job_overrides, initial_job_idx).job_list()
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        launcher.book = SweepBook(sweep_dir, list(config.hydra.overrides.task), sweep)
+    book = launcher.book
+    assert book is not None
 
-    # The job spec is pickled before any cluster exists: an app that cannot be
-    # pickled fails here, for free.
-    spec = JobSpec(
-        state=capture_sweep_state(launcher.hydra_context, launcher.task_function, config),
-        job_overrides=[list(o) for o in job_overrides],
-        initial_job_idx=initial_job_idx,
-        configs=[
-            launcher.hydra_context.config_loader.load_sweep_config(config, list(o))
-            for o in job_overrides
-        ],
-        init=plain_dict(settings.ray.init),
-        remote=plain_dict(settings.ray.remote),
-        sweep_dir=str(sweep_dir),
-        code_dir=_code_dir(settings.sync_up),
-    )
+    def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
+        assert launcher.hydra_context is not None and launcher.task_function is not None
+        # The job spec is pickled before any cluster exists: an app that cannot be
+        # pickled fails here, for free.
+        spec = JobSpec(
+            state=capture_sweep_state(launcher.hydra_context, launcher.task_function, config),
+            jobs=jobs,
+            configs={
+                job.idx: launcher.hydra_context.config_loader.load_sweep_config(
+                    config, job.overrides
+                )
+                for job in jobs
+            },
+            init=plain_dict(settings.ray.init),
+            remote=plain_dict(settings.ray.remote),
+            sweep_dir=str(book.sweep_dir),
+            code_dir=_code_dir(settings.sync_up),
+            policy=book.settings.policy,
+            live=book.settings.live,
+            width=shutil.get_terminal_size().columns if book.settings.live else None,
+            already_done=already_done,
+        )
+        return _run_on_cluster(launcher, spec, settings, book.sweep_dir)
+
+    return run_batch(book, job_overrides, initial_job_idx, run)
+
+
+def _run_on_cluster(
+    launcher: "RayAWSLauncher", spec: JobSpec, settings: DictConfig, sweep_dir: Path
+) -> list[JobOutcome]:
     with tempfile.TemporaryDirectory(prefix="hydra-ray-") as tmp:
         local_tmp = Path(tmp)
         spec_file = local_tmp / "job_spec.pkl"
@@ -90,8 +110,9 @@ def launch(
             finally:
                 # Whatever finished is brought home, also when the driver failed.
                 _sync_down(cluster, settings.sync_down, remote_tmp, sweep_dir)
+                _sync_records(cluster, remote_tmp, sweep_dir)
             cluster.rsync_down(f"{remote_tmp}/returns.pkl", str(local_tmp / "returns.pkl"))
-            return load_returns(str(local_tmp / "returns.pkl"))
+            return load_outcomes(str(local_tmp / "returns.pkl"))
         finally:
             _remove_remote_tmp(cluster, remote_tmp)
 
@@ -181,15 +202,28 @@ def _run_head_driver(cluster: "Cluster", remote_tmp: str, code_dir: str | None) 
         ) from exc
 
 
+def _head_sweep_dir(remote_tmp: str, sweep_dir: Path) -> str:
+    return str(sweep_dir) if sweep_dir.is_absolute() else f"{remote_tmp}/{sweep_dir}"
+
+
+def _sync_records(cluster: "Cluster", remote_tmp: str, sweep_dir: Path) -> None:
+    """Bring the jobs' records home whatever sync_down filters: resume decides
+    here, from them."""
+    source = f"{_head_sweep_dir(remote_tmp, sweep_dir)}/{RECORD_DIR}"
+    try:
+        cluster.run(f"mkdir -p {shlex.quote(source)}")
+        cluster.rsync_down(f"{source}/", f"{sweep_dir / RECORD_DIR}/")
+    except (Exception, SystemExit) as exc:
+        log.error(f"Could not bring the jobs' records home from {source}: {exc}")
+
+
 def _sync_down(cluster: "Cluster", sync: DictConfig, remote_tmp: str, sweep_dir: Path) -> None:
     """rsync the outputs (by default the sweep dir on the head, which holds every
     node's outputs) to the local sweep dir, filtered by include/exclude."""
     if sync.source_dir is not None:
         source = str(sync.source_dir)
-    elif sweep_dir.is_absolute():
-        source = str(sweep_dir)
     else:
-        source = f"{remote_tmp}/{sweep_dir}"
+        source = _head_sweep_dir(remote_tmp, sweep_dir)
     target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
     target.mkdir(parents=True, exist_ok=True)
     if sync.include or sync.exclude:

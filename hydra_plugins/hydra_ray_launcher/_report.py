@@ -1,54 +1,284 @@
-"""What the user reads about a sweep: the job list, a line per finished job,
-and a closing line with the counts."""
+"""What the user reads about a sweep while it runs and when it ends.
+
+On a terminal: one display at the bottom of the screen that rich updates in
+place (counts, elapsed time, time left, the latest job events), with the jobs'
+own output and the launcher's log lines scrolling above it. Elsewhere (CI, a
+file, `hydra.launcher.progress=false`): one plain log line per job event. At
+the end: a table of every job, which `_records` also writes as JSON.
+
+rich is imported inside functions: Hydra imports this module at every start.
+"""
 
 import logging
+import os
+import sys
 import time
+from collections import deque
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.core.utils import filter_overrides
+
+from ._jobs import FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, JobOutcome
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.live import Live
 
 log = logging.getLogger(__name__)
+
+# Most rows the summary table shows; beyond that it shows the jobs that did not
+# succeed, and sweep_summary.json lists them all.
+MAX_TABLE_ROWS = 100
+_RECENT_EVENTS = 6
 
 
 def describe(overrides: Sequence[str]) -> str:
     return " ".join(filter_overrides(overrides))
 
 
-class SweepReport:
-    """Logs a sweep's progress as its jobs finish, in whatever order they do."""
+def want_live(progress: bool) -> bool:
+    """The live display is for a person at a terminal; logs and CI get lines."""
+    return progress and sys.stdout.isatty() and os.environ.get("TERM", "") != "dumb"
 
-    def __init__(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> None:
-        self._overrides = job_overrides
-        self._first = initial_job_idx
-        self._started = time.monotonic()
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds + 0.5))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class SweepProgress:
+    """Tracks a batch of jobs from queued to finished and shows it, live or as
+    lines. Use as a context manager around the run: the live display starts on
+    entry and is taken down on exit, also on an error."""
+
+    def __init__(
+        self,
+        jobs: Sequence[tuple[int, Sequence[str]]],
+        *,
+        live: bool,
+        width: int | None = None,
+        already_done: int = 0,
+    ) -> None:
+        self._overrides = {idx: list(ov) for idx, ov in jobs}
+        self._live_wanted = live
+        self._width = width
+        self._total = len(jobs) + already_done
+        self._already = already_done
+        self._started_at = time.monotonic()
+        self._running: dict[int, str] = {}
+        self._counts = {SUCCEEDED: 0, FAILED: 0, TIMED_OUT: 0}
         self._failed: list[int] = []
-        self._done = 0
+        self._events: deque[str] = deque(maxlen=_RECENT_EVENTS)
+        self._live: Live | None = None
 
-    def job_list(self) -> None:
-        for pos, overrides in enumerate(self._overrides):
-            log.info(f"\t#{self._first + pos} : {describe(overrides)}")
+    # ---- Events, from the engine ----
 
-    def job_done(self, idx: int, job_return: JobReturn, duration: float, node: str) -> None:
-        self._done += 1
-        ov = describe(self._overrides[idx - self._first])
-        count = f"[{self._done}/{len(self._overrides)}]"
-        if job_return.status == JobStatus.COMPLETED:
-            log.info(f"{count} #{idx} : {ov} succeeded in {duration:.2f} s on {node}")
+    def started(self, idx: int, node: str, attempt: int) -> None:
+        self._running[idx] = node
+        text = f"#{idx} : {describe(self._overrides[idx])} started on {node}"
+        if attempt > 1:
+            text += f" (attempt {attempt})"
+        self._event(text, logging.INFO, quiet_when_live=True)
+
+    def retrying(self, outcome: JobOutcome, next_attempt: int) -> None:
+        self._running.pop(outcome.idx, None)
+        self._event(
+            f"#{outcome.idx} : {describe(self._overrides[outcome.idx])} attempt "
+            f"{outcome.attempt} failed after {outcome.duration:.2f} s on {outcome.node}: "
+            f"{outcome.error}; running it again (attempt {next_attempt})",
+            logging.WARNING,
+        )
+
+    def finished(self, outcome: JobOutcome) -> None:
+        self._running.pop(outcome.idx, None)
+        self._counts[outcome.status] = self._counts.get(outcome.status, 0) + 1
+        done = self._already + sum(self._counts.values())
+        ov = describe(self._overrides[outcome.idx])
+        tries = f" (attempt {outcome.attempt})" if outcome.attempt > 1 else ""
+        where = f"{outcome.duration:.2f} s on {outcome.node}{tries}"
+        if outcome.status == SUCCEEDED:
+            self._event(f"[{done}/{self._total}] #{outcome.idx} : {ov} succeeded in {where}")
         else:
-            self._failed.append(idx)
-            err = job_return._return_value
-            first_line = str(err).splitlines()[0] if str(err) else ""
-            log.error(
-                f"{count} #{idx} : {ov} FAILED after {duration:.2f} s on {node}: "
-                f"{type(err).__name__}: {first_line}"
+            self._failed.append(outcome.idx)
+            self._event(
+                f"[{done}/{self._total}] #{outcome.idx} : {ov} {outcome.status.upper()} after "
+                f"{where}: {outcome.error}",
+                logging.ERROR,
             )
 
     def close(self) -> None:
-        total = len(self._overrides)
-        elapsed = time.monotonic() - self._started
-        line = f"{total} jobs done in {elapsed:.1f} s: {total - len(self._failed)} succeeded"
+        """The closing line with the counts."""
+        done = sum(self._counts.values())
+        line = (
+            f"{done} job{'s' if done != 1 else ''} done in {time.monotonic() - self._started_at:.1f} s: "
+            f"{self._counts[SUCCEEDED]} succeeded"
+        )
+        if self._already:
+            line += f" ({self._already} more succeeded earlier and were not run again)"
         if self._failed:
             nums = ", ".join(f"#{i}" for i in sorted(self._failed))
             log.error(f"{line}, {len(self._failed)} failed ({nums})")
         else:
             log.info(f"{line}, 0 failed")
+
+    def _event(self, text: str, level: int = logging.INFO, quiet_when_live: bool = False) -> None:
+        self._events.append(text)
+        if self._live is not None:
+            self._live.refresh()
+            if quiet_when_live:
+                return  # shown in the display only: not worth a line in the scrollback
+        log.log(level, text)
+
+    # ---- The live display ----
+
+    def __enter__(self) -> "SweepProgress":
+        if self._live_wanted:
+            self._start_live()
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if self._live is not None:
+            live, self._live = self._live, None
+            _restore_handlers()
+            live.stop()
+        if exc_type is None:
+            self.close()
+
+    def _start_live(self) -> None:
+        from rich.live import Live
+
+        out, err = sys.stdout, sys.stderr
+        self._live = Live(
+            get_renderable=self._render,
+            console=_console(self._width),
+            refresh_per_second=2,
+            redirect_stdout=True,
+            redirect_stderr=True,
+            transient=False,
+        )
+        self._live.start()
+        # Log handlers hold the streams they were given; point them at rich's
+        # proxies (sys.stdout/err now), so log lines print above the display.
+        for handler in _stream_handlers():
+            if handler.stream is out or handler.stream is err:
+                _swapped.append((handler, handler.stream))
+                handler.setStream(sys.stdout if handler.stream is out else sys.stderr)
+
+    def _render(self) -> "RenderableType":
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        done = self._already + sum(self._counts.values())
+        elapsed = time.monotonic() - self._started_at
+        ran_now = done - self._already
+        left = ""
+        if ran_now > 0 and done < self._total:
+            left = f" · ~{_duration(elapsed / ran_now * (self._total - done))} left"
+        queued = self._total - done - len(self._running)
+        head = Table.grid(padding=(0, 1))
+        head.add_row(
+            ProgressBar(total=max(self._total, 1), completed=done, width=30),
+            Text.assemble(
+                (f"{done}/{self._total} jobs", "bold"),
+                f" · {len(self._running)} running · {queued} queued · ",
+                (f"{self._counts[SUCCEEDED]} succeeded", "green"),
+                " · ",
+                (
+                    f"{len(self._failed)} failed",
+                    "red" if self._failed else "",
+                ),
+                f" · {_duration(elapsed)} elapsed{left}",
+            ),
+        )
+        events = [Text(f"  {e}", overflow="ellipsis", no_wrap=True) for e in self._events]
+        return Group(head, *events)
+
+
+def _console(width: int | None) -> "Console":
+    from rich.console import Console
+
+    # force_terminal: the head driver of a cluster launcher draws for the user's
+    # terminal through ssh, where its own stdout is not a terminal.
+    return Console(file=sys.stdout, force_terminal=True, width=width)
+
+
+_swapped: list[tuple[logging.StreamHandler[Any], TextIO]] = []
+
+
+def _restore_handlers() -> None:
+    while _swapped:
+        handler, stream = _swapped.pop()
+        handler.setStream(stream)
+
+
+def _stream_handlers() -> list[logging.StreamHandler[Any]]:
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+    return [
+        h
+        for lg in loggers
+        for h in lg.handlers
+        if type(h) is logging.StreamHandler  # not FileHandler, a subclass
+    ]
+
+
+# ---- The summary ----
+
+
+def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int | None) -> str:
+    """The table of jobs, rendered as text (with colours and box lines on a
+    terminal, plain ASCII elsewhere)."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = sorted(outcomes, key=lambda o: o.idx)
+    hidden = 0
+    if len(rows) > MAX_TABLE_ROWS:
+        shown = [o for o in rows if o.status != SUCCEEDED][:MAX_TABLE_ROWS]
+        hidden = len(rows) - len(shown)
+        rows = shown
+    table = Table(box=box.SIMPLE_HEAD if terminal else box.ASCII, title_justify="left")
+    for name, justify in (
+        ("#", "right"),
+        ("overrides", "left"),
+        ("status", "left"),
+        ("duration", "right"),
+        ("attempts", "right"),
+        ("node", "left"),
+        ("error", "left"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    style = {SUCCEEDED: "green", FAILED: "red", TIMED_OUT: "red", INTERRUPTED: "yellow"}
+    for o in rows:
+        status = o.status + (" (earlier run)" if o.resumed else "")
+        table.add_row(
+            str(o.idx),
+            describe(o.job_return.overrides or []),
+            f"[{style.get(o.status, '')}]{status}[/]" if terminal else status,
+            f"{o.duration:.1f} s" if o.status != INTERRUPTED else "",
+            str(o.attempt),
+            o.node,
+            o.error or "",
+        )
+    buf = io.StringIO()
+    console = Console(
+        file=buf,
+        force_terminal=terminal,
+        no_color=not terminal,
+        width=width or 200,
+        highlight=False,
+    )
+    console.print(table)
+    text = buf.getvalue().rstrip()
+    if hidden:
+        text += f"\n({hidden} succeeded jobs not shown: every job is in sweep_summary.json)"
+    return text

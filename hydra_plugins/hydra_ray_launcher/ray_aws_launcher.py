@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 if TYPE_CHECKING:
     from ._cluster import Cluster
+    from ._sweep import SweepBook
 
 
 class RayAWSLauncher(Launcher):
@@ -25,6 +26,8 @@ class RayAWSLauncher(Launcher):
         self.config: DictConfig | None = None
         # The plain dict Ray's cluster launcher gets, checked at the first launch().
         self.cluster_config: dict[str, Any] | None = None
+        # The sweep's jobs and outcomes across batches (summary, resume).
+        self.book: SweepBook | None = None
         # One cluster per multirun: created at the first launch(), reused by the
         # next batches, torn down when the process ends (or on an error, at once).
         self._cluster: Cluster | None = None

@@ -2,7 +2,7 @@
 running cluster (`hydra.launcher.ray.init.address`)."""
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -11,17 +11,20 @@ from omegaconf import DictConfig
 
 if TYPE_CHECKING:
     from ._engine import ShippedState
+    from ._sweep import SweepBook
 
 
 class RayLauncher(Launcher):
-    def __init__(self, ray: DictConfig) -> None:
-        self.ray = ray
+    def __init__(self, **settings: Any) -> None:
+        # The settings are read from the Hydra config given to setup(), as one node.
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self.config: DictConfig | None = None
         # The sweep state in Ray's object store, shipped at the first launch()
         # and reused by the next batches.
         self.shipped: ShippedState | None = None
+        # The sweep's jobs and outcomes across batches (summary, resume).
+        self.book: SweepBook | None = None
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig

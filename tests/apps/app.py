@@ -18,9 +18,16 @@ def main(cfg: DictConfig) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     (out / f"started_{num}").write_text(str(os.getpid()))
-    time.sleep(cfg.seconds)
+    # One line per run of this job: counts its runs (retries, resumed sweeps).
+    with (out / f"runs_{num}").open("a") as runs:
+        runs.write(f"{os.getpid()}\n")
+    run_number = len((out / f"runs_{num}").read_text().splitlines())
+    slow = cfg.x in cfg.slow_first and run_number == 1
+    time.sleep(cfg.slow_seconds if slow else cfg.seconds)
     if cfg.x in cfg.raise_on:
         raise ValueError(f"job {num} was told to raise")
+    if cfg.x in cfg.fail_first and run_number == 1:
+        raise RuntimeError(f"job {num} fails its first run")
     if cfg.x in cfg.die_on:
         os._exit(3)
     record = {

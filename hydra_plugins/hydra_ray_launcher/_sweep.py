@@ -1,0 +1,193 @@
+"""One batch of a sweep, around whichever way its jobs run (local engine or the
+driver on a cluster's head): decide which jobs run (resume), list them, run
+them, then write sweep_summary.json and show the summary table, also when the
+run is interrupted. Runs on the user's machine for every launcher."""
+
+import logging
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import DictConfig
+
+from ._engine import Job, Policy
+from ._jobs import INTERRUPTED, SUCCEEDED, JobError, JobOutcome
+from ._records import (
+    RECORD_DIR,
+    clear_records,
+    read_manifest,
+    read_record,
+    write_manifest,
+    write_summary,
+)
+from ._report import describe, summary_table, want_live
+from ._validate import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Runs the given jobs (the second argument: how many jobs of the batch were
+# taken from an earlier run, for the progress counts) and returns their outcomes.
+RunJobs = Callable[[list[Job], int], list[JobOutcome]]
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """The launcher keys that shape a sweep's run, checked."""
+
+    progress: bool
+    retries: int
+    job_timeout_s: float | None
+    resume: bool
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(retries=self.retries, job_timeout_s=self.job_timeout_s)
+
+    @property
+    def live(self) -> bool:
+        return want_live(self.progress)
+
+
+def sweep_settings(launcher: DictConfig) -> SweepSettings:
+    retries = launcher.retries
+    if retries is None or retries < 0:
+        raise ConfigError(
+            f"hydra.launcher.retries={retries} is not valid: set it to 0 (no retries, the "
+            "default) or to how many more times a job that raises may run"
+        )
+    timeout = launcher.job_timeout_s
+    if timeout is not None and timeout <= 0:
+        raise ConfigError(
+            f"hydra.launcher.job_timeout_s={timeout} is not valid: set it to the seconds a "
+            "job may run before it is cancelled (> 0), or to null for no limit"
+        )
+    return SweepSettings(
+        progress=bool(launcher.progress),
+        retries=int(retries),
+        job_timeout_s=None if timeout is None else float(timeout),
+        resume=bool(launcher.resume),
+    )
+
+
+class SweepBook:
+    """What a launcher keeps across the batches of one multirun: every job's
+    outcome so far and the jobs' overrides, in its sweep dir."""
+
+    def __init__(self, sweep_dir: Path, task_overrides: Sequence[str], settings: SweepSettings):
+        self.sweep_dir = sweep_dir
+        self.task_overrides = list(task_overrides)
+        self.settings = settings
+        self.outcomes: dict[int, JobOutcome] = {}
+        self._jobs: dict[int, list[str]] = {}
+        self._earlier_jobs: dict[str, list[str]] | None = None
+
+    def plan(self, jobs: Sequence[Job]) -> tuple[list[JobOutcome], list[Job]]:
+        """The outcomes taken from an earlier run of the sweep (resume), and the
+        jobs to run now."""
+        if self._earlier_jobs is None:
+            self._earlier_jobs = self._open()
+        reused: list[JobOutcome] = []
+        to_run: list[Job] = []
+        for job in jobs:
+            earlier = self._earlier_jobs.get(str(job.idx))
+            if earlier is not None and earlier != job.overrides:
+                raise self._refusal(
+                    f"its job #{job.idx} had the overrides {earlier}, this run's has "
+                    f"{job.overrides}"
+                )
+            record = read_record(self.sweep_dir, job.idx) if self.settings.resume else None
+            if record is not None and record.status == SUCCEEDED:
+                record.resumed = True
+                reused.append(record)
+            else:
+                to_run.append(job)
+            self._jobs[job.idx] = job.overrides
+        write_manifest(self.sweep_dir, self.task_overrides, self._jobs)
+        return reused, to_run
+
+    def _open(self) -> dict[str, list[str]]:
+        """At the first batch: check the earlier sweep a resume continues, or
+        forget the one a new sweep replaces."""
+        manifest = read_manifest(self.sweep_dir)
+        if not self.settings.resume:
+            clear_records(self.sweep_dir)
+            return {}
+        if manifest is None:
+            log.warning(
+                f"hydra.launcher.resume=true, but {self.sweep_dir} holds no earlier sweep of "
+                "this launcher: every job runs"
+            )
+            return {}
+        earlier = manifest["task_overrides"]
+        if sorted(earlier) != sorted(self.task_overrides):
+            raise self._refusal(f"it was run with {earlier}, this run has {self.task_overrides}")
+        jobs = manifest["jobs"]
+        self._jobs = {int(idx): ov for idx, ov in jobs.items()}
+        return dict(jobs)
+
+    def _refusal(self, why: str) -> ConfigError:
+        return ConfigError(
+            f"hydra.launcher.resume=true refused: the sweep in {self.sweep_dir} is not this "
+            f"sweep: {why}. Resume it with the overrides it was run with, or start a new sweep "
+            "(another hydra.sweep.dir, or hydra.launcher.resume=false to start this dir over)."
+        )
+
+
+def run_batch(
+    book: SweepBook,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    run: RunJobs,
+) -> list[JobReturn]:
+    jobs = [Job(initial_job_idx + pos, list(ov)) for pos, ov in enumerate(job_overrides)]
+    log.info(f"Ray Launcher is launching {len(jobs)} jobs, sweep output dir: {book.sweep_dir}")
+    reused, to_run = book.plan(jobs)
+    if reused:
+        nums = ", ".join(f"#{o.idx}" for o in reused)
+        log.info(
+            f"Resuming: {len(reused)} of {len(jobs)} jobs succeeded in the earlier run and "
+            f"are not run again ({nums}); {len(to_run)} to run"
+        )
+    for job in to_run:
+        log.info(f"\t#{job.idx} : {describe(job.overrides)}")
+    book.outcomes.update((o.idx, o) for o in reused)
+    try:
+        outcomes = run(to_run, len(reused)) if to_run else []
+    except BaseException:
+        # What finished has its record (written by the driver that received it).
+        for job in to_run:
+            book.outcomes[job.idx] = read_record(book.sweep_dir, job.idx) or _unfinished(job)
+        _summarise(book, interrupted=True)
+        raise
+    book.outcomes.update((o.idx, o) for o in outcomes)
+    _summarise(book, interrupted=False)
+    return [book.outcomes[job.idx].job_return for job in jobs]
+
+
+def _unfinished(job: Job) -> JobOutcome:
+    job_return = JobReturn(overrides=list(job.overrides), status=JobStatus.FAILED)
+    job_return.return_value = JobError(f"Job #{job.idx} did not finish: the sweep was stopped")
+    return JobOutcome(
+        idx=job.idx, job_return=job_return, started=0.0, ended=0.0, node="", status=INTERRUPTED
+    )
+
+
+def _summarise(book: SweepBook, *, interrupted: bool) -> None:
+    outcomes = list(book.outcomes.values())
+    path = write_summary(book.sweep_dir, book.task_overrides, outcomes)
+    terminal = book.settings.live
+    width = shutil.get_terminal_size().columns if terminal else 160
+    print(summary_table(outcomes, terminal=terminal, width=width), flush=True)
+    not_done = [o.idx for o in outcomes if o.status != SUCCEEDED]
+    log.info(f"Summary of the sweep's {len(outcomes)} jobs: {path}")
+    if interrupted or not_done:
+        again = "the jobs that did not succeed" if not interrupted else "the rest of the sweep"
+        log.warning(
+            f"To run {again}: run the same command with "
+            f"hydra.sweep.dir={book.sweep_dir.resolve()} hydra.launcher.resume=true "
+            f"(records in {book.sweep_dir / RECORD_DIR})"
+        )
+    sys.stdout.flush()
