@@ -67,13 +67,25 @@ def run_app_in_pty(
 ) -> AppRun:
     """Run the app as `run_app` does, but on a pseudo-terminal, as a user at a
     terminal would: everything it writes, control sequences included."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TERM": "xterm-256color"}
-    proc = subprocess.Popen(
+    return run_in_pty(
         [sys.executable, str(APPS / app), "--multirun", *overrides],
         cwd=cwd,
-        env=env,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        columns=columns,
+        timeout=timeout,
+    )
+
+
+def run_in_pty(
+    cmd: list[str], *, cwd: Path, env: dict[str, str], columns: int = 120, timeout: float = 180
+) -> AppRun:
+    """Run `cmd` with a pseudo-terminal `columns` wide as its stdin, stdout and stderr."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env={**env, "TERM": "xterm-256color"},
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -96,7 +108,7 @@ def run_app_in_pty(
                 break
         else:
             proc.kill()
-            raise TimeoutError(f"{app} did not end within {timeout} s")
+            raise TimeoutError(f"{cmd} did not end within {timeout} s")
     finally:
         os.close(master)
     return AppRun(proc.wait(timeout=30), b"".join(chunks).decode(errors="replace"))

@@ -3,6 +3,8 @@
 its own filesystem, over ssh), runs the sweep there, brings the outputs home and
 tears the cluster down."""
 
+import json
+import re
 import secrets
 import shutil
 import sys
@@ -14,6 +16,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from ..cluster_harness.fake_hosts import FakeHosts, launcher_env, unique_cluster_name
+from ..conftest import run_in_pty
 
 REPO = Path(__file__).parents[2]
 EXAMPLE = REPO / "examples" / "upload_download"
@@ -164,4 +167,77 @@ def test_cluster_with_token_authentication(fake_hosts: FakeHosts, tmp_path: Path
     for num in range(2):
         assert (sweep / str(num) / f"done_{num}.json").is_file()
     assert "on 127.0.0.3" in res.stdout
+    _no_leftovers(fake_hosts)
+
+
+def test_resume_on_a_cluster_runs_only_what_did_not_succeed(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    """The jobs' records come home with the outputs (even when sync_down's filters
+    leave them out), and a resume decides here, from them, what the next cluster runs."""
+    counters = f"/tmp/app-counters-{secrets.token_hex(4)}"  # on the worker, outside any sweep
+    overrides = [
+        "x=1,2,3",
+        "fail_first=[2]",  # job #1 raises on its first run only
+        f"out={counters}",
+        "hydra.launcher.sync_down.exclude=['.hydra_ray']",
+    ]
+    cluster_yaml = _cluster_yaml(fake_hosts, tmp_path, "res")
+    sweep = tmp_path / "sweep"
+    try:
+        first = _run_test_app(fake_hosts, tmp_path, cluster_yaml, *overrides)
+        assert first.returncode != 0, first.stdout
+        # The head driver's progress lines reach the user's output as the jobs run.
+        assert "#1 : x=2 fail_first=[2]" in first.stdout and "started on 127.0.0.3" in first.stdout
+        assert (sweep / ".hydra_ray" / "job_0.pkl").is_file()
+        summary = json.loads((sweep / "sweep_summary.json").read_text())
+        assert [j["status"] for j in summary["jobs"]] == ["succeeded", "failed", "succeeded"]
+
+        shutil.rmtree(tmp_path / "app")
+        second = _run_test_app(
+            fake_hosts, tmp_path, cluster_yaml, *overrides, "hydra.launcher.resume=true"
+        )
+        assert second.returncode == 0, second.stdout
+        assert "Resuming: 2 of 3 jobs succeeded in the earlier run" in second.stdout
+        assert "#0 : x=1" not in second.stdout.split("Resuming:")[1]
+        runs = [
+            len(fake_hosts.host_path("worker", f"{counters}/runs_{n}").read_text().splitlines())
+            for n in range(3)
+        ]
+        assert runs == [1, 2, 1]
+        jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+        assert [(j["status"], j["resumed"]) for j in jobs] == [
+            ("succeeded", True),
+            ("succeeded", False),
+            ("succeeded", True),
+        ]
+        assert [j["return_value"] for j in jobs] == [10, 20, 30]
+    finally:
+        shutil.rmtree(fake_hosts.host_path("worker", counters), ignore_errors=True)
+    _no_leftovers(fake_hosts)
+
+
+def test_live_display_of_the_head_reaches_the_users_terminal(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps", app)
+    cmd = [*fake_hosts.netns_prefix(), sys.executable, "app.py", "--multirun", "x=1,2,3"]
+    cmd += [
+        "seconds=1.5",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'pty')}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "hydra.launcher.env_setup.commands=[]",
+    ]
+    res = run_in_pty(cmd, cwd=app, env=launcher_env(tmp_path), timeout=600)
+    assert res.returncode == 0, res.output
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", res.output)
+    # Drawn on the head, redrawn in place on this terminal, through ssh.
+    assert "\x1b[1A" in res.output and "\x1b[2K" in res.output
+    assert re.search(r"1/3 jobs · \d running · \d queued · 1 succeeded", plain)
+    assert re.search(r"#\d : x=\d seconds=1.5 started on 127.0.0.3", plain)
+    assert "3/3 jobs · 0 running · 0 queued · 3 succeeded · 0 failed" in plain
+    # The summary table, drawn here.
+    assert re.search(r"#\s+overrides\s+status\s+duration\s+attempts\s+node\s+error", plain)
     _no_leftovers(fake_hosts)
