@@ -3,6 +3,7 @@ the sweep state once, run the engine."""
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,6 +93,10 @@ def start_ray(init: dict[str, Any]) -> None:
         return
     kwargs = ray_init_kwargs(init)
     log.info(f"Initializing ray with config: {kwargs}")
+    if not sys.stdout.isatty():
+        # Ray colours parts of its own log lines whatever the output is.
+        for handler in logging.getLogger("ray").handlers:
+            handler.addFilter(_strip_colours)
     try:
         ray.init(**kwargs)
     except (ValueError, TypeError, RuntimeError, ConnectionError) as exc:
@@ -104,6 +109,16 @@ def start_ray(init: dict[str, Any]) -> None:
             f"ray.init() refused hydra.launcher.ray.init {kwargs}: " + "; caused by ".join(reasons)
         ) from exc
     _ray_initialised_here = True
+
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _strip_colours(record: logging.LogRecord) -> bool:
+    record.msg = _ESCAPES.sub("", str(record.msg))
+    if isinstance(record.args, tuple):
+        record.args = tuple(_ESCAPES.sub("", a) if isinstance(a, str) else a for a in record.args)
+    return True
 
 
 def stop_ray() -> None:

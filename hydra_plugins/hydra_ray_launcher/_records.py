@@ -8,6 +8,7 @@
 - `sweep_summary.json`: every job's status, duration, attempts, node and error.
 """
 
+import contextlib
 import datetime
 import json
 import logging
@@ -36,14 +37,15 @@ def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the summary from the user's group
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide it from the user's group
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
 
 
@@ -72,9 +74,18 @@ def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
     path = sweep_dir / RECORD_DIR / _MANIFEST
     if not path.is_file():
         return None
-    manifest = json.loads(path.read_text())
-    assert isinstance(manifest, dict)
-    return manifest
+    try:
+        manifest = json.loads(path.read_text())
+        if isinstance(manifest, dict) and {"task_overrides", "jobs"} <= manifest.keys():
+            return manifest
+    except ValueError:
+        pass
+    log.warning(f"{path} is not a sweep manifest of this launcher: ignored")
+    return None
+
+
+def remove_record(sweep_dir: Path, idx: int) -> None:
+    record_path(sweep_dir, idx).unlink(missing_ok=True)
 
 
 def write_manifest(

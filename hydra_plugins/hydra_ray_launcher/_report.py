@@ -112,8 +112,9 @@ class SweepProgress:
     def close(self) -> None:
         """The closing line with the counts."""
         done = sum(self._counts.values())
+        took = time.monotonic() - self._started_at
         line = (
-            f"{done} job{'s' if done != 1 else ''} done in {time.monotonic() - self._started_at:.1f} s: "
+            f"{done} job{'s' if done != 1 else ''} done in {took:.1f} s: "
             f"{self._counts[SUCCEEDED]} succeeded"
         )
         if self._already:
@@ -180,21 +181,19 @@ class SweepProgress:
         if ran_now > 0 and done < self._total:
             left = f" · ~{_duration(elapsed / ran_now * (self._total - done))} left"
         queued = self._total - done - len(self._running)
-        head = Table.grid(padding=(0, 1))
-        head.add_row(
-            ProgressBar(total=max(self._total, 1), completed=done, width=30),
-            Text.assemble(
-                (f"{done}/{self._total} jobs", "bold"),
-                f" · {len(self._running)} running · {queued} queued · ",
-                (f"{self._counts[SUCCEEDED]} succeeded", "green"),
-                " · ",
-                (
-                    f"{len(self._failed)} failed",
-                    "red" if self._failed else "",
-                ),
-                f" · {_duration(elapsed)} elapsed{left}",
-            ),
+        status = Text.assemble(
+            (f"{done}/{self._total} jobs", "bold"),
+            f" · {len(self._running)} running · {queued} queued · ",
+            (f"{self._counts[SUCCEEDED]} succeeded", "green"),
+            " · ",
+            (f"{len(self._failed)} failed", "red" if self._failed else ""),
+            f" · {_duration(elapsed)} elapsed{left}",
         )
+        # The counts never wrap; the bar takes the rest of the line.
+        head = Table.grid(padding=(0, 1), expand=True)
+        head.add_column(no_wrap=True)
+        head.add_column(ratio=1, min_width=10)
+        head.add_row(status, ProgressBar(total=max(self._total, 1), completed=done))
         events = [Text(f"  {e}", overflow="ellipsis", no_wrap=True) for e in self._events]
         return Group(head, *events)
 
@@ -239,12 +238,15 @@ def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int 
     from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     rows = sorted(outcomes, key=lambda o: o.idx)
-    hidden = 0
+    hidden = ""
     if len(rows) > MAX_TABLE_ROWS:
         shown = [o for o in rows if o.status != SUCCEEDED][:MAX_TABLE_ROWS]
-        hidden = len(rows) - len(shown)
+        left_out = len(rows) - len(shown)
+        kind = "succeeded jobs" if len(shown) == len(rows) - _succeeded(rows) else "jobs"
+        hidden = f"\n({left_out} {kind} not shown: every job is in sweep_summary.json)"
         rows = shown
     table = Table(box=box.SIMPLE_HEAD if terminal else box.ASCII, title_justify="left")
     for name, justify in (
@@ -260,14 +262,15 @@ def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int 
     style = {SUCCEEDED: "green", FAILED: "red", TIMED_OUT: "red", INTERRUPTED: "yellow"}
     for o in rows:
         status = o.status + (" (earlier run)" if o.resumed else "")
+        # Text cells: overrides (`tags=[a,b]`) and errors are not rich markup.
         table.add_row(
-            str(o.idx),
-            describe(o.job_return.overrides or []),
-            f"[{style.get(o.status, '')}]{status}[/]" if terminal else status,
-            f"{o.duration:.1f} s" if o.status != INTERRUPTED else "",
-            str(o.attempt),
-            o.node,
-            o.error or "",
+            Text(str(o.idx)),
+            Text(describe(o.job_return.overrides or [])),
+            Text(status, style=style.get(o.status, "") if terminal else ""),
+            Text(f"{o.duration:.1f} s" if o.status != INTERRUPTED else ""),
+            Text(str(o.attempt)),
+            Text(o.node),
+            Text(o.error or ""),
         )
     buf = io.StringIO()
     console = Console(
@@ -278,7 +281,8 @@ def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int 
         highlight=False,
     )
     console.print(table)
-    text = buf.getvalue().rstrip()
-    if hidden:
-        text += f"\n({hidden} succeeded jobs not shown: every job is in sweep_summary.json)"
-    return text
+    return buf.getvalue().rstrip() + hidden
+
+
+def _succeeded(outcomes: Sequence[JobOutcome]) -> int:
+    return sum(o.status == SUCCEEDED for o in outcomes)

@@ -20,6 +20,7 @@ from ._records import (
     clear_records,
     read_manifest,
     read_record,
+    remove_record,
     write_manifest,
     write_summary,
 )
@@ -93,16 +94,24 @@ class SweepBook:
         to_run: list[Job] = []
         for job in jobs:
             earlier = self._earlier_jobs.get(str(job.idx))
-            if earlier is not None and earlier != job.overrides:
+            if earlier is not None and sorted(earlier) != sorted(job.overrides):
                 raise self._refusal(
                     f"its job #{job.idx} had the overrides {earlier}, this run's has "
                     f"{job.overrides}"
                 )
-            record = read_record(self.sweep_dir, job.idx) if self.settings.resume else None
-            if record is not None and record.status == SUCCEEDED:
+            # Only records the manifest vouches for, of a job with these overrides.
+            record = read_record(self.sweep_dir, job.idx) if earlier is not None else None
+            if (
+                record is not None
+                and record.status == SUCCEEDED
+                and sorted(record.job_return.overrides or []) == sorted(job.overrides)
+            ):
                 record.resumed = True
                 reused.append(record)
             else:
+                # Its earlier record (a failure) is stale now: if this run is
+                # interrupted, the job is reported as not finished, not as failed.
+                remove_record(self.sweep_dir, job.idx)
                 to_run.append(job)
             self._jobs[job.idx] = job.overrides
         write_manifest(self.sweep_dir, self.task_overrides, self._jobs)

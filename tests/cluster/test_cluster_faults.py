@@ -1,6 +1,7 @@
 """The cluster launcher when things go wrong, and with batched sweepers: the
 cluster it created is torn down on every path, and what finished comes home."""
 
+import json
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ class RunningApp:
     def __init__(self, hosts: FakeHosts, tmp_path: Path, *args: str) -> None:
         app = tmp_path / "app"
         shutil.copytree(REPO / "tests" / "apps", app)
+        self.tmp_path = tmp_path
         self.lines: list[str] = []
         self.proc = hosts.popen_in_netns(
             [sys.executable, "app.py", "--multirun", *args, "hydra.launcher.env_setup.commands=[]"],
@@ -117,6 +119,12 @@ def test_ctrl_c_during_the_remote_run_tears_down(
     out = sleepy_sweep.output
     assert "Stopping cluster" in out and "Deleted the cluster" in out, out
     assert took < 60, f"{took:.0f} s from Ctrl-C to exit"
+    # A sweep dir that `resume` continues: every job listed, none taken as done.
+    sweep = sleepy_sweep.tmp_path / "sweep"
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [j["status"] for j in summary["jobs"]] == ["interrupted"] * 4
+    assert not list((sweep / ".hydra_ray").glob("job_*.pkl"))
+    assert f"hydra.sweep.dir={sweep} hydra.launcher.resume=true" in out
     assert list(fake_hosts.host_path("head", "/tmp").glob("hydra-ray-*")) == []
     for host in ("head", "worker"):
         assert fake_hosts.wait_no_ray_processes(host, timeout=60) == [], host

@@ -1,0 +1,485 @@
+"""The sweep's records, resume plan, summary and table, in-process: no Ray, no
+subprocess. Jobs' outcomes are built by hand."""
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+
+from hydra_plugins.hydra_ray_launcher._engine import Job, Policy
+from hydra_plugins.hydra_ray_launcher._jobs import (
+    FAILED,
+    INTERRUPTED,
+    SUCCEEDED,
+    TIMED_OUT,
+    JobOutcome,
+)
+from hydra_plugins.hydra_ray_launcher._records import (
+    RECORD_DIR,
+    SUMMARY_FILE,
+    read_record,
+    record_path,
+    write_record,
+)
+from hydra_plugins.hydra_ray_launcher._report import MAX_TABLE_ROWS, summary_table
+from hydra_plugins.hydra_ray_launcher._sweep import (
+    SweepBook,
+    SweepSettings,
+    run_batch,
+    sweep_settings,
+)
+from hydra_plugins.hydra_ray_launcher._validate import ConfigError
+
+
+def settings(**keys: Any) -> SweepSettings:
+    launcher = {"progress": False, "retries": 0, "job_timeout_s": None, "resume": False}
+    launcher.update(keys)
+    return sweep_settings(OmegaConf.create(launcher))
+
+
+def outcome(
+    idx: int,
+    overrides: list[str],
+    *,
+    status: str = SUCCEEDED,
+    value: Any = None,
+    error: BaseException | None = None,
+    attempt: int = 1,
+    started: float = 1000.0,
+    duration: float = 2.5,
+    node: str = "10.0.0.1",
+) -> JobOutcome:
+    job_return = JobReturn(
+        overrides=list(overrides),
+        status=JobStatus.COMPLETED if status == SUCCEEDED else JobStatus.FAILED,
+    )
+    job_return.return_value = value if status == SUCCEEDED else error or ValueError("boom")
+    return JobOutcome(
+        idx=idx,
+        job_return=job_return,
+        started=started,
+        ended=started + duration,
+        node=node,
+        attempt=attempt,
+        status=status,
+    )
+
+
+def jobs_of(*overrides: str) -> list[Job]:
+    return [Job(idx, [ov]) for idx, ov in enumerate(overrides)]
+
+
+def record_files(sweep_dir: Path) -> list[str]:
+    return sorted(os.listdir(sweep_dir / RECORD_DIR))
+
+
+def read_summary(sweep_dir: Path) -> dict[str, Any]:
+    summary = json.loads((sweep_dir / SUMMARY_FILE).read_text())
+    assert isinstance(summary, dict)
+    return summary
+
+
+class Opaque:
+    """A return value that is not JSON."""
+
+    def __repr__(self) -> str:
+        return "Opaque(42)"
+
+
+# ---- Records ----
+
+
+def test_record_round_trip_keeps_status_attempt_and_return_value(tmp_path: Path) -> None:
+    write_record(tmp_path, outcome(0, ["x=1"], value={"loss": 0.5}, attempt=3))
+    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED, error=KeyError("lr")))
+
+    ok = read_record(tmp_path, 0)
+    assert ok is not None
+    assert (ok.idx, ok.status, ok.attempt) == (0, SUCCEEDED, 3)
+    assert ok.job_return.return_value == {"loss": 0.5}
+    assert ok.job_return.overrides == ["x=1"]
+    assert ok.duration == pytest.approx(2.5)
+
+    failed = read_record(tmp_path, 1)
+    assert failed is not None
+    assert failed.status == FAILED
+    assert failed.error == "KeyError: 'lr'"
+    assert read_record(tmp_path, 2) is None
+
+
+def test_corrupt_record_is_missing_and_the_job_runs_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_record(tmp_path, outcome(0, ["x=1"], value=1))
+    path = record_path(tmp_path, 0)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # e.g. a disk that filled up
+
+    caplog.set_level(logging.WARNING)
+    assert read_record(tmp_path, 0) is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(path) in w and "job #0 runs again" in w for w in warnings), warnings
+
+    # A resume runs it again rather than failing.
+    book = SweepBook(tmp_path, ["x=1"], settings(resume=True))
+    reused, to_run = book.plan(jobs_of("x=1"))
+    assert reused == []
+    assert [j.idx for j in to_run] == [0]
+
+
+def test_temp_file_of_a_killed_writer_is_not_a_record(tmp_path: Path) -> None:
+    import cloudpickle
+
+    record_dir = tmp_path / RECORD_DIR
+    record_dir.mkdir()
+    # Whole, even: the writer was killed between its write and the rename.
+    (record_dir / ".job_3.pkl.k2j4x9").write_bytes(cloudpickle.dumps(outcome(3, ["x=4"])))
+
+    assert read_record(tmp_path, 3) is None
+    book = SweepBook(tmp_path, ["x=1,2,3,4"], settings(resume=True))
+    reused, to_run = book.plan(jobs_of("x=1", "x=2", "x=3", "x=4"))
+    assert reused == []
+    assert [j.idx for j in to_run] == [0, 1, 2, 3]
+
+
+def test_write_record_replaces_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_record(tmp_path, outcome(0, ["x=1"], status=FAILED))
+    write_record(tmp_path, outcome(0, ["x=1"], value=7, attempt=2))
+
+    record = read_record(tmp_path, 0)
+    assert record is not None
+    assert (record.status, record.attempt, record.job_return.return_value) == (SUCCEEDED, 2, 7)
+    assert record_files(tmp_path) == ["job_0.pkl"]  # no temp file left
+
+    # A write that fails half way leaves the record as it was, and no temp file.
+    def killed(src: str, dst: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_record(tmp_path, outcome(0, ["x=1"], status=TIMED_OUT))
+    monkeypatch.undo()
+
+    record = read_record(tmp_path, 0)
+    assert record is not None
+    assert record.status == SUCCEEDED
+    assert record_files(tmp_path) == ["job_0.pkl"]
+
+
+# ---- The resume plan ----
+
+
+def test_new_sweep_clears_the_records_of_an_earlier_one(tmp_path: Path) -> None:
+    jobs = jobs_of("x=1", "x=2")
+    SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs)
+    for job in jobs:
+        write_record(tmp_path, outcome(job.idx, job.overrides, value=job.idx))
+
+    reused, to_run = SweepBook(tmp_path, ["x=1,2"], settings(resume=False)).plan(jobs)
+    assert reused == []
+    assert [j.idx for j in to_run] == [0, 1]
+    assert read_record(tmp_path, 0) is None
+    assert read_record(tmp_path, 1) is None
+
+    # The new sweep is interrupted before any job ends: a resume runs all of them.
+    reused, to_run = SweepBook(tmp_path, ["x=1,2"], settings(resume=True)).plan(jobs)
+    assert reused == []
+    assert [j.idx for j in to_run] == [0, 1]
+
+
+def test_resume_reuses_succeeded_jobs_and_reruns_the_others(tmp_path: Path) -> None:
+    jobs = jobs_of("x=1", "x=2", "x=3", "x=4")
+    SweepBook(tmp_path, ["x=1,2,3,4"], settings()).plan(jobs)
+    write_record(tmp_path, outcome(0, ["x=1"], value="zero"))
+    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED))
+    write_record(tmp_path, outcome(2, ["x=3"], status=TIMED_OUT))
+    # Job 3 has no record: it never finished.
+
+    book = SweepBook(tmp_path, ["x=1,2,3,4"], settings(resume=True))
+    reused, to_run = book.plan(jobs)
+    assert [o.idx for o in reused] == [0]
+    assert reused[0].resumed is True
+    assert reused[0].job_return.return_value == "zero"
+    assert [j.idx for j in to_run] == [1, 2, 3]
+
+
+def test_resume_refuses_another_sweeps_overrides(tmp_path: Path) -> None:
+    SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs_of("x=1", "x=2"))
+    write_record(tmp_path, outcome(0, ["x=1"]))
+
+    book = SweepBook(tmp_path, ["x=1,3"], settings(resume=True))
+    with pytest.raises(ConfigError) as err:
+        book.plan(jobs_of("x=1", "x=3"))
+    message = str(err.value)
+    assert "hydra.launcher.resume=true refused" in message
+    assert str(["x=1,2"]) in message
+    assert str(["x=1,3"]) in message
+
+
+def test_resume_accepts_the_same_overrides_in_another_order(tmp_path: Path) -> None:
+    jobs = [Job(0, ["x=1", "y=a"]), Job(1, ["x=2", "y=a"])]
+    SweepBook(tmp_path, ["x=1,2", "y=a"], settings()).plan(jobs)
+    write_record(tmp_path, outcome(0, ["x=1", "y=a"]))
+
+    reused, to_run = SweepBook(tmp_path, ["y=a", "x=1,2"], settings(resume=True)).plan(jobs)
+    assert [o.idx for o in reused] == [0]
+    assert [j.idx for j in to_run] == [1]
+
+
+def test_resume_refuses_a_job_recorded_with_other_overrides(tmp_path: Path) -> None:
+    SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs_of("x=1", "x=2"))
+    write_record(tmp_path, outcome(1, ["x=2"]))
+
+    book = SweepBook(tmp_path, ["x=1,2"], settings(resume=True))
+    with pytest.raises(ConfigError, match=re.escape("hydra.launcher.resume=true refused")) as err:
+        book.plan(jobs_of("x=1", "x=5"))
+    assert "job #1" in str(err.value)
+    assert str(["x=2"]) in str(err.value)
+    assert str(["x=5"]) in str(err.value)
+
+
+def test_resume_without_an_earlier_sweep_runs_every_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    reused, to_run = SweepBook(tmp_path, ["x=1,2"], settings(resume=True)).plan(
+        jobs_of("x=1", "x=2")
+    )
+    assert reused == []
+    assert [j.idx for j in to_run] == [0, 1]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("holds no earlier sweep" in w for w in warnings), warnings
+
+
+# ---- One batch ----
+
+
+FakeRun = Callable[[list[Job], int], list[JobOutcome]]
+
+
+def fake_run(sweep_dir: Path, calls: list[tuple[list[int], int]]) -> FakeRun:
+    """Runs jobs like the engine would: x=3 fails, x=2 returns an Opaque, the
+    others their idx; each outcome's record is written as it comes."""
+
+    def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
+        calls.append(([j.idx for j in jobs], already_done))
+        outcomes = []
+        for job in jobs:
+            if job.overrides == ["x=3"]:
+                o = outcome(job.idx, job.overrides, status=FAILED, error=ValueError("x is 3"))
+            elif job.overrides == ["x=2"]:
+                o = outcome(job.idx, job.overrides, value=Opaque(), node="10.0.0.2")
+            else:
+                o = outcome(job.idx, job.overrides, value=job.idx, attempt=2)
+            write_record(sweep_dir, o)
+            outcomes.append(o)
+        return outcomes
+
+    return run
+
+
+def test_run_batch_returns_job_returns_in_order_and_writes_the_summary(tmp_path: Path) -> None:
+    overrides = [["x=1"], ["x=2"], ["x=3"]]
+    calls: list[tuple[list[int], int]] = []
+    book = SweepBook(tmp_path, ["x=1,2,3"], settings())
+
+    returns = run_batch(book, overrides, 0, fake_run(tmp_path, calls))
+
+    assert calls == [([0, 1, 2], 0)]
+    assert [r.overrides for r in returns] == overrides
+    assert [r.status for r in returns] == [JobStatus.COMPLETED] * 2 + [JobStatus.FAILED]
+    summary = read_summary(tmp_path)
+    assert summary["task_overrides"] == ["x=1,2,3"]
+    assert summary["counts"] == {SUCCEEDED: 2, FAILED: 1}
+    first, opaque, failed = summary["jobs"]
+    assert first == {
+        "idx": 0,
+        "overrides": ["x=1"],
+        "status": SUCCEEDED,
+        "resumed": False,
+        "attempts": 2,
+        "duration_s": 2.5,
+        "started": "1970-01-01T00:16:40+00:00",
+        "ended": "1970-01-01T00:16:42+00:00",
+        "node": "10.0.0.1",
+        "output_dir": None,
+        "error": None,
+        "return_value": 0,
+    }
+    assert opaque["return_value"] == "Opaque(42)"
+    assert opaque["node"] == "10.0.0.2"
+    assert failed["status"] == FAILED
+    assert failed["error"] == "ValueError: x is 3"
+    assert failed["return_value"] is None
+
+
+def test_run_batch_merges_reused_and_new_job_returns(tmp_path: Path) -> None:
+    overrides = [["x=1"], ["x=2"], ["x=3"], ["x=4"]]
+    calls: list[tuple[list[int], int]] = []
+    run_batch(
+        SweepBook(tmp_path, ["x=1,2,3,4"], settings()), overrides, 0, fake_run(tmp_path, calls)
+    )
+
+    # The resume: x=3 fails again, the others are taken from their records.
+    book = SweepBook(tmp_path, ["x=1,2,3,4"], settings(resume=True))
+    returns = run_batch(book, overrides, 0, fake_run(tmp_path, calls))
+
+    assert calls[1] == ([2], 3)
+    assert [r.overrides for r in returns] == overrides
+    assert returns[0].return_value == 0
+    assert repr(returns[1].return_value) == "Opaque(42)"
+    assert returns[2].status == JobStatus.FAILED
+    assert returns[3].return_value == 3
+    summary = read_summary(tmp_path)
+    assert summary["counts"] == {SUCCEEDED: 3, FAILED: 1}
+    assert [j["resumed"] for j in summary["jobs"]] == [True, True, False, True]
+
+
+def test_interrupted_batch_summarises_what_finished(tmp_path: Path) -> None:
+    def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
+        write_record(tmp_path, outcome(jobs[0].idx, jobs[0].overrides, value="done"))
+        raise KeyboardInterrupt  # Ctrl-C while the others run
+
+    book = SweepBook(tmp_path, ["x=1,2,3"], settings())
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(book, [["x=1"], ["x=2"], ["x=3"]], 5, run)
+
+    summary = read_summary(tmp_path)
+    assert summary["counts"] == {SUCCEEDED: 1, INTERRUPTED: 2}
+    jobs = summary["jobs"]
+    assert [(j["idx"], j["status"]) for j in jobs] == [
+        (5, SUCCEEDED),
+        (6, INTERRUPTED),
+        (7, INTERRUPTED),
+    ]
+    assert jobs[0]["return_value"] == "done"
+    assert jobs[0]["duration_s"] == 2.5
+    for job in jobs[1:]:
+        assert job["duration_s"] is None
+        assert job["started"] is None
+        assert job["ended"] is None
+        assert job["return_value"] is None
+        assert job["error"] is not None and "did not finish" in job["error"]
+
+
+# ---- Settings ----
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("retries", -1), ("job_timeout_s", 0), ("job_timeout_s", -2.5)]
+)
+def test_sweep_settings_refuses_invalid_values(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"hydra.launcher.{key}={value} is not valid")):
+        settings(**{key: value})
+
+
+def test_sweep_settings_accepts_valid_values() -> None:
+    checked = settings(retries=2, job_timeout_s=1.5, resume=True)
+    assert checked.retries == 2
+    assert checked.job_timeout_s == 1.5
+    assert checked.resume is True
+    assert checked.policy == Policy(retries=2, job_timeout_s=1.5)
+    assert checked.live is False  # progress=false: lines, never the live display
+
+
+# ---- The summary table ----
+
+
+def table_rows(table: str) -> list[list[str]]:
+    """The cells of an ASCII table's body rows."""
+    rows = []
+    for line in table.splitlines():
+        if line.startswith("|") and not set(line) <= set("|+- "):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows[1:]  # after the header
+
+
+def test_summary_table_off_a_terminal_is_plain_ascii() -> None:
+    outcomes = [
+        outcome(1, ["x=2"], status=FAILED, error=ValueError("lr too high"), attempt=3),
+        outcome(0, ["x=1"], value=1),
+    ]
+    table = summary_table(outcomes, terminal=False, width=200)
+
+    assert "\x1b" not in table
+    assert table.isascii()
+    assert {"|", "+", "-"} <= set(table)
+    assert table_rows(table) == [
+        ["0", "x=1", SUCCEEDED, "2.5 s", "1", "10.0.0.1", ""],
+        ["1", "x=2", FAILED, "2.5 s", "3", "10.0.0.1", "ValueError: lr too high"],
+    ]
+
+
+def test_summary_table_of_a_big_sweep_shows_the_jobs_that_did_not_succeed() -> None:
+    total = MAX_TABLE_ROWS + 5
+    not_ok = {7: FAILED, 42: TIMED_OUT, total - 1: INTERRUPTED}
+    outcomes = [
+        outcome(i, [f"x={i}"], status=not_ok.get(i, SUCCEEDED), error=RuntimeError(f"e{i}"))
+        for i in range(total)
+    ]
+    table = summary_table(outcomes, terminal=False, width=200)
+
+    assert [row[0] for row in table_rows(table)] == [str(i) for i in sorted(not_ok)]
+    assert table.splitlines()[-1] == (
+        f"({total - len(not_ok)} succeeded jobs not shown: every job is in sweep_summary.json)"
+    )
+
+
+# ---- Regressions ----
+
+
+def test_table_cells_are_text_not_markup() -> None:
+    jobs = [
+        outcome(0, ["tags=[a,b]"], value=1),
+        outcome(1, ["x=[/]"], status=FAILED, error=ValueError("bad [red]value[/]")),
+    ]
+    for terminal in (False, True):
+        table = summary_table(jobs, terminal=terminal, width=200)
+        assert "tags=[a,b]" in table and "x=[/]" in table
+        assert "ValueError: bad [red]value[/]" in table
+
+
+def test_big_table_counts_what_it_leaves_out() -> None:
+    jobs = [outcome(i, [f"x={i}"], status=FAILED) for i in range(MAX_TABLE_ROWS + 50)]
+    table = summary_table(jobs, terminal=False, width=200)
+    assert table.splitlines()[-1] == "(50 jobs not shown: every job is in sweep_summary.json)"
+
+
+def test_resume_without_a_manifest_does_not_take_stray_records(tmp_path: Path) -> None:
+    write_record(tmp_path, outcome(0, ["y=9"], value="not this job's"))
+    reused, to_run = SweepBook(tmp_path, ["x=1"], settings(resume=True)).plan(jobs_of("x=1"))
+    assert reused == [] and [j.idx for j in to_run] == [0]
+
+
+def test_interrupted_resume_reports_earlier_failures_as_not_finished(tmp_path: Path) -> None:
+    SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs_of("x=1", "x=2"))
+    write_record(tmp_path, outcome(0, ["x=1"], value=0))
+    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED, error=ValueError("first run")))
+
+    def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
+        raise KeyboardInterrupt  # before job #1 ran again
+
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(SweepBook(tmp_path, ["x=1,2"], settings(resume=True)), [["x=1"], ["x=2"]], 0, run)
+    jobs = read_summary(tmp_path)["jobs"]
+    assert [(j["status"], j["resumed"]) for j in jobs] == [
+        (SUCCEEDED, True),
+        (INTERRUPTED, False),
+    ]
+
+
+def test_corrupt_manifest_is_ignored_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / RECORD_DIR).mkdir()
+    (tmp_path / RECORD_DIR / "sweep.json").write_text("{not json")
+    reused, to_run = SweepBook(tmp_path, ["x=1"], settings(resume=True)).plan(jobs_of("x=1"))
+    assert reused == [] and len(to_run) == 1
+    assert "is not a sweep manifest" in caplog.text
