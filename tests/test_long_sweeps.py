@@ -310,3 +310,30 @@ def test_bad_values_are_refused_naming_the_key(tmp_path: Path) -> None:
         assert res.returncode != 0
         assert f"{key}" in res.output and "is not valid" in res.output, res.output
         assert "Initializing ray" not in res.output
+
+
+def test_long_sweep_example_jobs_continue_from_their_checkpoint_on_retry(
+    ray_session: str, tmp_path: Path
+) -> None:
+    example = Path(__file__).parents[1] / "examples" / "long_sweep"
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, str(example / "train.py"), "--multirun", "seconds_per_epoch=0.1"]
+    cmd += [f"hydra.sweep.dir={sweep}", f"hydra.launcher.ray.init.address={ray_session}"]
+    res = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    jobs = _jobs(sweep)
+    lrs = [0.1, 0.03, 0.01, 0.003]
+    assert [(j["status"], j["attempts"]) for j in jobs.values()] == [("succeeded", 2)] * 4
+    for num, lr in enumerate(lrs):
+        # Six epochs in all: two before the simulated preemption, four after it.
+        assert abs(jobs[num]["return_value"] - (1 - lr) ** 6) < 1e-9
+        log = (sweep / str(num) / "train.log").read_text()
+        assert "Continuing from the checkpoint of epoch 2" in log
+        assert log.count("epoch 1: loss") == 1

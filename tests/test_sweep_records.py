@@ -483,3 +483,11 @@ def test_corrupt_manifest_is_ignored_with_a_warning(
     reused, to_run = SweepBook(tmp_path, ["x=1"], settings(resume=True)).plan(jobs_of("x=1"))
     assert reused == [] and len(to_run) == 1
     assert "is not a sweep manifest" in caplog.text
+
+
+def test_big_table_of_succeeded_jobs_is_one_line() -> None:
+    jobs = [outcome(i, [f"x={i}"]) for i in range(MAX_TABLE_ROWS + 1)]
+    table = summary_table(jobs, terminal=False, width=200)
+    assert table == (
+        f"({MAX_TABLE_ROWS + 1} succeeded jobs not shown: every job is in sweep_summary.json)"
+    )

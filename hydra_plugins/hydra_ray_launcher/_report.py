@@ -127,10 +127,8 @@ class SweepProgress:
 
     def _event(self, text: str, level: int = logging.INFO, quiet_when_live: bool = False) -> None:
         self._events.append(text)
-        if self._live is not None:
-            self._live.refresh()
-            if quiet_when_live:
-                return  # shown in the display only: not worth a line in the scrollback
+        if self._live is not None and quiet_when_live:
+            return  # shown in the display (at its next refresh) only: not worth a log line
         log.log(level, text)
 
     # ---- The live display ----
@@ -155,7 +153,7 @@ class SweepProgress:
         self._live = Live(
             get_renderable=self._render,
             console=_console(self._width),
-            refresh_per_second=2,
+            refresh_per_second=4,
             redirect_stdout=True,
             redirect_stderr=True,
             transient=False,
@@ -194,7 +192,8 @@ class SweepProgress:
         head.add_column(no_wrap=True)
         head.add_column(ratio=1, min_width=10)
         head.add_row(status, ProgressBar(total=max(self._total, 1), completed=done))
-        events = [Text(f"  {e}", overflow="ellipsis", no_wrap=True) for e in self._events]
+        # Called from rich's refresh thread: a snapshot (tuple() of a deque holds the GIL).
+        events = [Text(f"  {e}", overflow="ellipsis", no_wrap=True) for e in tuple(self._events)]
         return Group(head, *events)
 
 
@@ -246,7 +245,10 @@ def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int 
         shown = [o for o in rows if o.status != SUCCEEDED][:MAX_TABLE_ROWS]
         left_out = len(rows) - len(shown)
         kind = "succeeded jobs" if len(shown) == len(rows) - _succeeded(rows) else "jobs"
-        hidden = f"\n({left_out} {kind} not shown: every job is in sweep_summary.json)"
+        hidden = f"({left_out} {kind} not shown: every job is in sweep_summary.json)"
+        if not shown:
+            return hidden
+        hidden = "\n" + hidden
         rows = shown
     table = Table(box=box.SIMPLE_HEAD if terminal else box.ASCII, title_justify="left")
     for name, justify in (
