@@ -106,6 +106,11 @@ RAY_AWS_DEFAULTS: dict[str, Any] = {
     "logging": {"log_style": "auto", "color_mode": "auto", "verbosity": 0},
     "create_update_cluster": {"no_restart": False, "restart_only": False, "no_config_cache": False},
     "teardown_cluster": {"workers_only": False, "keep_min_workers": False},
+    # Long sweeps (beyond the guide): as for the `ray` launcher.
+    "progress": True,
+    "job_timeout_s": None,
+    "retries": 0,
+    "resume": False,
 }
 
 
@@ -572,3 +577,31 @@ def test_the_guides_logging_values_pass() -> None:
                 cfg.logging.color_mode = color
                 cfg.logging.verbosity = verbosity
                 check_launch_preconditions(cfg)
+
+
+def test_ray_prints_the_long_sweep_keys_with_their_defaults(tmp_path: Path) -> None:
+    printed = _printed_launcher("ray", cwd=tmp_path)
+    assert {k: printed[k] for k in ("progress", "job_timeout_s", "retries", "resume")} == {
+        "progress": True,
+        "job_timeout_s": None,
+        "retries": 0,
+        "resume": False,
+    }
+
+
+def test_the_plugin_ships_with_the_rich_that_draws_the_heads_display(tmp_path: Path) -> None:
+    """The cluster's pip packages need not include rich: it travels with the plugin."""
+    from hydra_plugins.hydra_ray_launcher import _remote
+
+    sent: list[tuple[str, str]] = []
+
+    class FakeCluster:
+        def rsync_up(self, source: str, target: str) -> None:
+            sent.append((source, target))
+
+    _remote._ship_plugin(FakeCluster(), "/tmp/hydra-ray-x", tmp_path)  # type: ignore[arg-type]
+    assert sent == [(f"{tmp_path / 'plugin'}/", "/tmp/hydra-ray-x/plugin/")]
+    staged = tmp_path / "plugin"
+    assert (staged / "hydra_plugins" / "hydra_ray_launcher" / "_head_driver.py").is_file()
+    assert (staged / "rich" / "live.py").is_file()
+    assert not list(staged.rglob("__pycache__"))

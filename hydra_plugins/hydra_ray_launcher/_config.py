@@ -111,7 +111,6 @@ class EnvSetupConf:
             "hydra_core": "${ray_pkg_version:hydra}",
             "ray": "${ray_pkg_version:ray}",
             "cloudpickle": "${ray_pkg_version:cloudpickle}",
-            "rich": "${ray_pkg_version:rich}",
             "hydra_ray_launcher": __version__,
         }
     )

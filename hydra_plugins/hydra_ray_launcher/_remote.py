@@ -147,16 +147,22 @@ def _remove_remote_tmp(cluster: "Cluster", remote_tmp: str) -> None:
 
 def _ship_plugin(cluster: "Cluster", remote_tmp: str, local_tmp: Path) -> None:
     """Send this plugin's own source: the head driver and the jobs on every node
-    run the very code of the launching machine, whatever version is installed there."""
-    staged = local_tmp / "plugin" / "hydra_plugins" / "hydra_ray_launcher"
-    staged.parent.mkdir(parents=True)
-    subprocess.run(
-        rsync_command(
-            f"{Path(__file__).parent}/", f"{staged}/", include=[], exclude=["__pycache__"]
-        ),
-        check=True,
-    )
-    cluster.rsync_up(f"{local_tmp / 'plugin'}/", f"{remote_tmp}/{PLUGIN_DIR}/")
+    run the very code of the launching machine, whatever version is installed there.
+    rich (pure Python), which draws the head driver's display, goes with it: the
+    cluster's packages need not include it."""
+    import rich
+
+    staged = local_tmp / "plugin"
+    for source, target in (
+        (Path(__file__).parent, staged / "hydra_plugins" / "hydra_ray_launcher"),
+        (Path(rich.__file__).parent, staged / "rich"),
+    ):
+        target.mkdir(parents=True)
+        subprocess.run(
+            rsync_command(f"{source}/", f"{target}/", include=[], exclude=["__pycache__"]),
+            check=True,
+        )
+    cluster.rsync_up(f"{staged}/", f"{remote_tmp}/{PLUGIN_DIR}/")
 
 
 def _sync_up(cluster: "Cluster", sync: DictConfig, remote_tmp: str, local_tmp: Path) -> None:
