@@ -92,6 +92,8 @@ class _Attempt:
     config: DictConfig | None
     # time.monotonic() of this driver when the job said it started; None while queued.
     started: float | None = None
+    # The node it said it runs on.
+    node: str = "?"
 
 
 def run_jobs(
@@ -144,7 +146,7 @@ def run_jobs(
                 attempt = running[gen]
                 item = _next_item(gen, attempt)
                 if isinstance(item, JobStarted):
-                    attempt.started = time.monotonic()
+                    attempt.started, attempt.node = time.monotonic(), item.node
                     progress.started(item.idx, item.node, item.attempt)
                     continue
                 del running[gen]
@@ -204,7 +206,7 @@ def _failed(attempt: _Attempt, error: BaseException, status: str) -> JobOutcome:
         job_return=job_return,
         started=now - ran_s,
         ended=now,
-        node="?",
+        node=attempt.node,
         attempt=attempt.number,
         status=status,
     )
