@@ -3,6 +3,13 @@ the sweep with the same engine as the local launcher, gathers every job's
 outputs from the node that wrote them onto the head, and writes the job returns.
 
     python -m hydra_plugins.hydra_ray_launcher._head_driver JOB_SPEC RETURNS
+
+When that driver did not finish (Ctrl-C, killed, failed), the launcher runs
+
+    python -m hydra_plugins.hydra_ray_launcher._head_driver gather SWEEP_DIR
+
+which stops it if it still runs, then gathers what the finished jobs wrote on
+other nodes, so that sync_down brings it home before the cluster goes.
 """
 
 import dataclasses
@@ -10,8 +17,10 @@ import io
 import logging
 import os
 import shutil
+import signal
 import sys
 import tarfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # Where, in the head driver's working dir, the launcher puts this plugin's source.
 PLUGIN_DIR = "plugin"
+# The running driver's pid, in its working dir.
+_PID_FILE = "driver.pid"
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ def main(spec_path: str, returns_path: str) -> None:
     from . import _engine
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
+    Path(_PID_FILE).write_text(str(os.getpid()))
     with open(spec_path, "rb") as f:
         spec: JobSpec = cloudpickle.load(f)
     if not spec.live:  # the user's output is no terminal: no colour codes in it
@@ -71,7 +83,7 @@ def main(spec_path: str, returns_path: str) -> None:
     state = dataclasses.replace(spec.state, cwd=os.getcwd())
     runtime_env = dict(spec.init.get("runtime_env") or {})
     # Ray ships these to every node: the jobs there import this very plugin.
-    runtime_env.setdefault("py_modules", []).append(os.path.abspath(f"{PLUGIN_DIR}/hydra_plugins"))
+    runtime_env.setdefault("py_modules", []).append(_plugin_module())
     if spec.code_dir is not None:
         # Ray ships the working_dir to every node and puts it on the jobs' sys.path.
         runtime_env.setdefault("working_dir", os.path.abspath(spec.code_dir))
@@ -103,6 +115,37 @@ def main(spec_path: str, returns_path: str) -> None:
     with open(tmp, "wb") as f:
         cloudpickle.dump(outcomes, f)
     os.replace(tmp, returns_path)
+
+
+def _plugin_module() -> str:
+    return os.path.abspath(f"{PLUGIN_DIR}/hydra_plugins")
+
+
+def gather_after_failure(sweep_dir: str) -> None:
+    """Stop the driver if it still runs (its jobs are cancelled, as on Ctrl-C),
+    then gather the outputs the finished jobs wrote on other nodes."""
+    import ray
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
+    pid_file = Path(_PID_FILE)
+    if pid_file.is_file():
+        _stop(int(pid_file.read_text()))
+    ray.init(address="auto", runtime_env={"py_modules": [_plugin_module()]})
+    gather_outputs(Path(sweep_dir).resolve())
+
+
+def _stop(pid: int, grace_s: float = 15.0) -> None:
+    signals = [signal.SIGINT, signal.SIGKILL]
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline + 5:  # a zombie stays "alive": give up then
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if signals and (signals[0] == signal.SIGINT or time.monotonic() > deadline):
+            log.info(f"Stopping the driver (pid {pid}) with {signals[0].name}")
+            os.kill(pid, signals.pop(0))
+        time.sleep(0.2)
 
 
 def _have_rich() -> bool:
@@ -159,4 +202,7 @@ def load_outcomes(path: str) -> list[JobOutcome]:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1] == "gather":
+        gather_after_failure(sys.argv[2])
+    else:
+        main(*sys.argv[1:3])

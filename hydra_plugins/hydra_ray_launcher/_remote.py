@@ -105,10 +105,14 @@ def _run_on_cluster(
             _ship_plugin(cluster, remote_tmp, local_tmp)
             _sync_up(cluster, settings.sync_up, remote_tmp, local_tmp)
             cluster.rsync_up(str(spec_file), f"{remote_tmp}/job_spec.pkl")
+            finished = False
             try:
                 _run_head_driver(cluster, remote_tmp, spec.code_dir)
+                finished = True
             finally:
                 # Whatever finished is brought home, also when the driver failed.
+                if not finished:
+                    _gather_after_failure(cluster, remote_tmp, sweep_dir)
                 _sync_down(cluster, settings.sync_down, remote_tmp, sweep_dir)
                 _sync_records(cluster, remote_tmp, sweep_dir)
             cluster.rsync_down(f"{remote_tmp}/returns.pkl", str(local_tmp / "returns.pkl"))
@@ -206,6 +210,22 @@ def _run_head_driver(cluster: "Cluster", remote_tmp: str, code_dir: str | None) 
             f"The driver on the cluster's head failed ({exc}); its output is above. "
             "Outputs of the jobs that finished were synced down."
         ) from exc
+
+
+def _gather_after_failure(cluster: "Cluster", remote_tmp: str, sweep_dir: Path) -> None:
+    """The driver did not finish: stop it if it still runs, and gather onto the
+    head what the finished jobs wrote on other nodes (and remove it there)."""
+    tmp = shlex.quote(remote_tmp)
+    cmd = (
+        f"cd {tmp} && PYTHONPATH={tmp}/{PLUGIN_DIR}:$PYTHONPATH "
+        f"python -m hydra_plugins.hydra_ray_launcher._head_driver gather "
+        f"{shlex.quote(str(sweep_dir))}"
+    )
+    log.warning("Gathering the outputs of the jobs that finished on the cluster's nodes")
+    try:
+        cluster.run(cmd)
+    except (Exception, SystemExit) as exc:
+        log.error(f"Could not gather the outputs on the cluster's nodes: {exc}")
 
 
 def _head_sweep_dir(remote_tmp: str, sweep_dir: Path) -> str:

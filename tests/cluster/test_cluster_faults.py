@@ -66,33 +66,51 @@ class RunningApp:
 
 @pytest.fixture
 def sleepy_sweep(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[RunningApp]:
-    """Four jobs of 60 s each on the fake cluster, started and left running."""
+    """Four jobs on the fake cluster's worker: #0 and #1 finish at once, #2 and #3
+    sleep 60 s; started and left running once #0 and #1 are done and #2 runs."""
     run = RunningApp(
         fake_hosts,
         tmp_path,
         "x=1,2,3,4",
-        "seconds=60",
+        "seconds=0.5",
+        "slow_first=[3,4]",
         "hydra/launcher=ray_cluster",
         f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'flt')}",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )
     try:
-        # The jobs are running on the worker once one has written its start mark.
         run.wait_for("Running the jobs from the cluster's head")
         deadline = time.monotonic() + 120
         worker_sweep = fake_hosts.host_path("worker", tmp_path / "sweep")
-        while not list(worker_sweep.glob("*/started_*")):
+        while "[2/4]" not in run.output or not list(worker_sweep.glob("2/started_2")):
             assert time.monotonic() < deadline, run.output
             time.sleep(0.5)
         yield run
     finally:
         run.kill()
         fake_hosts.kill_leftovers()
-        # Known limit: a sweep stopped before its outputs were gathered leaves its
-        # working dir on the worker nodes (cloud nodes are deleted at teardown;
-        # on-prem hosts keep it). Removed here so later tests start clean.
         for leftover in fake_hosts.host_path("worker", "/tmp").glob("hydra-ray-*"):
             shutil.rmtree(leftover)
+
+
+def _finished_jobs_came_home(fake_hosts: FakeHosts, run: RunningApp) -> None:
+    """What the two finished jobs wrote on the worker is home; the sweep dir is
+    one that `resume` continues; nothing is left on the hosts."""
+    sweep = run.tmp_path / "sweep"
+    for num in (0, 1):
+        assert (sweep / str(num) / f"done_{num}.json").is_file(), run.output
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    statuses = [j["status"] for j in summary["jobs"]]
+    assert statuses == ["succeeded", "succeeded", "interrupted", "interrupted"]
+    assert sorted(p.name for p in (sweep / ".hydra_ray").glob("job_*.pkl")) == [
+        "job_0.pkl",
+        "job_1.pkl",
+    ]
+    assert f"hydra.sweep.dir={sweep} hydra.launcher.resume=true" in run.output
+    assert "Stopping cluster" in run.output and "Deleted the cluster" in run.output
+    for host in ("head", "worker"):
+        assert list(fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*")) == [], host
+        assert fake_hosts.wait_no_ray_processes(host, timeout=60) == [], host
 
 
 def test_killed_remote_driver_fails_the_sweep_and_tears_down(
@@ -101,12 +119,8 @@ def test_killed_remote_driver_fails_the_sweep_and_tears_down(
     killed = fake_hosts.run_on_host("head", ["pkill", "-KILL", "-f", "_head_driver"])
     assert killed.returncode == 0
     assert sleepy_sweep.wait() != 0
-    out = sleepy_sweep.output
-    assert "The driver on the cluster's head failed" in out
-    assert "Stopping cluster" in out and "Deleted the cluster" in out
-    assert list(fake_hosts.host_path("head", "/tmp").glob("hydra-ray-*")) == []
-    for host in ("head", "worker"):
-        assert fake_hosts.wait_no_ray_processes(host, timeout=60) == [], host
+    assert "The driver on the cluster's head failed" in sleepy_sweep.output
+    _finished_jobs_came_home(fake_hosts, sleepy_sweep)
 
 
 def test_ctrl_c_during_the_remote_run_tears_down(
@@ -116,18 +130,8 @@ def test_ctrl_c_during_the_remote_run_tears_down(
     sleepy_sweep.proc.send_signal(signal.SIGINT)
     assert sleepy_sweep.wait(timeout=120) != 0
     took = time.monotonic() - interrupted
-    out = sleepy_sweep.output
-    assert "Stopping cluster" in out and "Deleted the cluster" in out, out
     assert took < 60, f"{took:.0f} s from Ctrl-C to exit"
-    # A sweep dir that `resume` continues: every job listed, none taken as done.
-    sweep = sleepy_sweep.tmp_path / "sweep"
-    summary = json.loads((sweep / "sweep_summary.json").read_text())
-    assert [j["status"] for j in summary["jobs"]] == ["interrupted"] * 4
-    assert not list((sweep / ".hydra_ray").glob("job_*.pkl"))
-    assert f"hydra.sweep.dir={sweep} hydra.launcher.resume=true" in out
-    assert list(fake_hosts.host_path("head", "/tmp").glob("hydra-ray-*")) == []
-    for host in ("head", "worker"):
-        assert fake_hosts.wait_no_ray_processes(host, timeout=60) == [], host
+    _finished_jobs_came_home(fake_hosts, sleepy_sweep)
 
 
 def test_batched_sweeper_creates_the_cluster_once(fake_hosts: FakeHosts, tmp_path: Path) -> None:
