@@ -16,7 +16,16 @@ import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
-from ._jobs import FAILED, TIMED_OUT, JobError, JobOutcome, JobStarted, SweepState, run_one_job
+from ._jobs import (
+    FAILED,
+    TIMED_OUT,
+    JobError,
+    JobOutcome,
+    JobStarted,
+    SweepState,
+    run_one_job,
+    run_one_job_reporting,
+)
 from ._report import describe
 from ._validate import ConfigError, without_nulls
 
@@ -116,16 +125,23 @@ def run_jobs(
     running are cancelled before it propagates."""
     import ray
 
-    options = {**task_options(remote), "num_returns": "streaming"}
-    task = ray.remote(run_one_job)
+    # Ray Client (`ray://` addresses) has no streaming generators: there, jobs are
+    # plain tasks that tell a small actor when they start.
+    board: Any = ray.remote(num_cpus=0)(StartBoard).remote() if _ray_client() else None
+    if board is None:
+        options = {**task_options(remote), "num_returns": "streaming"}
+        task = ray.remote(run_one_job)
+    else:
+        options = task_options(remote)
+        task = ray.remote(run_one_job_reporting)
     attempts = policy.retries + 1
     running: dict[Any, _Attempt] = {}
 
     def submit(job: Job, number: int, config: DictConfig | None) -> None:
-        gen = task.options(**options, name=f"hydra job #{job.idx}").remote(
-            shipped.key, [shipped.ref], job.idx, job.overrides, config, number, attempts
-        )
-        running[gen] = _Attempt(job, number, config)
+        args = (shipped.key, [shipped.ref], job.idx, job.overrides, config, number, attempts)
+        named = task.options(**options, name=f"hydra job #{job.idx}")
+        ref = named.remote(*args) if board is None else named.remote(board, *args)
+        running[ref] = _Attempt(job, number, config)
 
     for job in jobs:
         submit(job, 1, configs[job.idx] if configs else None)
@@ -137,40 +153,82 @@ def run_jobs(
         if on_finished is not None:
             on_finished(outcome)
 
+    def started(item: JobStarted) -> None:
+        for attempt in running.values():
+            if (attempt.job.idx, attempt.number) == (item.idx, item.attempt):
+                attempt.started, attempt.node = time.monotonic(), item.node
+                progress.started(item.idx, item.node, item.attempt)
+
     try:
         while running:
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=_wait_s(running, policy))
+            wait_s = _wait_s(running, policy, poll=board is not None)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=wait_s)
             if ready and len(running) > 1:  # everything else that is ready too, without waiting
                 ready, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
-            for gen in ready:
-                attempt = running[gen]
-                item = _next_item(gen, attempt)
+            if board is not None:
+                for event in ray.get(board.drain.remote()):
+                    started(event)
+            for ref in ready:
+                attempt = running[ref]
+                item = _next_item(ref, attempt)
                 if isinstance(item, JobStarted):
-                    attempt.started, attempt.node = time.monotonic(), item.node
-                    progress.started(item.idx, item.node, item.attempt)
+                    started(item)
                     continue
-                del running[gen]
+                del running[ref]
                 if item.task_raised and attempt.number < attempts:
                     progress.retrying(item, attempt.number + 1)
                     submit(attempt.job, attempt.number + 1, attempt.config)
                 else:
                     finish(item)
-            for gen, attempt in list(_overdue(running, policy)):
-                ray.cancel(gen, force=True)
-                del running[gen]
+            for ref, attempt in list(_overdue(running, policy)):
+                ray.cancel(ref, force=True)
+                del running[ref]
                 finish(_timed_out(attempt, policy))
     except KeyboardInterrupt:
         log.warning(f"Interrupted: cancelling {len(running)} unfinished jobs")
-        for gen in running:
-            ray.cancel(gen, force=True)
+        for ref in running:
+            ray.cancel(ref, force=True)
         raise
+    finally:
+        if board is not None:
+            ray.kill(board)
     return [results[job.idx] for job in jobs]
 
 
-def _wait_s(running: Mapping[Any, _Attempt], policy: Policy) -> float | None:
-    """How long ray.wait may block: until the next attempt would time out."""
+class StartBoard:
+    """Collects the start events of jobs run as plain tasks (Ray Client)."""
+
+    def __init__(self) -> None:
+        self._events: list[JobStarted] = []
+
+    def started(self, event: JobStarted) -> None:
+        self._events.append(event)
+
+    def drain(self) -> list[JobStarted]:
+        events, self._events = self._events, []
+        return events
+
+
+def single_machine() -> bool:
+    """Whether every job runs on this machine: a local Ray, or a cluster of one
+    node that is this one (not Ray Client, whose cluster is elsewhere)."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n["Alive"]]  # type: ignore[no-untyped-call]
+    return len(alive) == 1 and not _ray_client()
+
+
+def _ray_client() -> bool:
+    import ray
+
+    return bool(ray.util.client.ray.is_connected())  # type: ignore[no-untyped-call]
+
+
+def _wait_s(running: Mapping[Any, _Attempt], policy: Policy, *, poll: bool) -> float | None:
+    """How long ray.wait may block: until the next attempt would time out, and
+    at most a second when start events are to be polled."""
     if policy.job_timeout_s is None:
-        return None
+        return 1.0 if poll else None
     deadlines = [a.started + policy.job_timeout_s for a in running.values() if a.started]
     # Queued jobs start without telling ray.wait: look again within a second.
     return max(0.0, min([*deadlines, time.monotonic() + 1.0]) - time.monotonic())
@@ -212,14 +270,15 @@ def _failed(attempt: _Attempt, error: BaseException, status: str) -> JobOutcome:
     )
 
 
-def _next_item(gen: Any, attempt: _Attempt) -> JobStarted | JobOutcome:
-    """The next thing the job's task yielded, or a failed outcome that says why
-    the job never returned (its process or node died, after Ray's retries)."""
+def _next_item(ref: Any, attempt: _Attempt) -> JobStarted | JobOutcome:
+    """The next thing the job's task yielded (or returned, for a plain task), or a
+    failed outcome that says why the job never returned (its process or node
+    died, after Ray's retries)."""
     import ray
 
     job = attempt.job
     try:
-        item = ray.get(next(gen))
+        item = ray.get(next(ref) if isinstance(ref, ray.ObjectRefGenerator) else ref)
         assert isinstance(item, JobStarted | JobOutcome)
         return item
     except (ray.exceptions.RayError, StopIteration) as exc:

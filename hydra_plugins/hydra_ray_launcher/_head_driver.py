@@ -13,13 +13,10 @@ other nodes, so that sync_down brings it home before the cluster goes.
 """
 
 import dataclasses
-import io
 import logging
 import os
-import shutil
 import signal
 import sys
-import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +27,7 @@ import cloudpickle
 from omegaconf import DictConfig
 
 from ._engine import Job, Policy
+from ._gather import gather_outputs
 from ._jobs import JobOutcome, SweepState
 from ._records import write_record
 from ._report import SweepProgress
@@ -110,7 +108,7 @@ def main(spec_path: str, returns_path: str) -> None:
             # On the head: synced down with the outputs, also after an interruption.
             on_finished=lambda outcome: write_record(sweep_dir, outcome),
         )
-    gather_outputs(sweep_dir)
+    gather_outputs(sweep_dir, workdir=os.getcwd())
     tmp = returns_path + ".part"
     with open(tmp, "wb") as f:
         cloudpickle.dump(outcomes, f)
@@ -131,7 +129,7 @@ def gather_after_failure(sweep_dir: str) -> None:
     if pid_file.is_file():
         _stop(int(pid_file.read_text()))
     ray.init(address="auto", runtime_env={"py_modules": [_plugin_module()]})
-    gather_outputs(Path(sweep_dir).resolve())
+    gather_outputs(Path(sweep_dir).resolve(), workdir=os.getcwd())
 
 
 def _stop(pid: int, grace_s: float = 15.0) -> None:
@@ -155,43 +153,6 @@ def _have_rich() -> bool:
         log.warning("rich is not installed on the head: progress shown as lines")
         return False
     return True
-
-
-def gather_outputs(sweep_dir: Path) -> None:
-    """Bring the outputs jobs wrote on other nodes into the head's sweep dir, and
-    remove them there: the sweep dir on the head then holds every job's outputs."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    here = ray.get_runtime_context().get_node_id()
-    nodes = ray.nodes()  # type: ignore[no-untyped-call]
-    others = [n["NodeID"] for n in nodes if n["Alive"] and n["NodeID"] != here]
-    pack = ray.remote(num_cpus=0)(_pack_and_remove)
-    packs = [
-        pack.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-            str(sweep_dir), os.getcwd()
-        )
-        for node in others
-    ]
-    for node, data in zip(others, ray.get(packs), strict=True):
-        if data:
-            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                tar.extractall(sweep_dir)
-            log.info(f"Gathered the outputs written on node {node[:8]} into {sweep_dir}")
-
-
-def _pack_and_remove(sweep_dir: str, workdir: str) -> bytes:
-    """On another node: its part of the sweep dir as a tar archive; then the
-    sweep dir and the working dir the jobs made there are removed."""
-    data = b""
-    if os.path.isdir(sweep_dir):
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(sweep_dir, arcname=".")
-        data = buf.getvalue()
-    shutil.rmtree(sweep_dir, ignore_errors=True)
-    shutil.rmtree(workdir, ignore_errors=True)
-    return data
 
 
 def load_outcomes(path: str) -> list[JobOutcome]:

@@ -179,6 +179,26 @@ def run_one_job(
     yield _run(state_key, packed_state, idx, overrides, composed, attempt, attempts, started, node)
 
 
+def run_one_job_reporting(
+    board: Any,
+    state_key: str,
+    packed_state: list[Any],
+    idx: int,
+    overrides: Sequence[str],
+    composed: DictConfig | None = None,
+    attempt: int = 1,
+    attempts: int = 1,
+) -> JobOutcome:
+    """run_one_job as a plain task, for Ray Client, which has no streaming
+    generators: the start event goes to `board`, an actor the driver polls."""
+    import ray
+
+    started = time.time()
+    node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    board.started.remote(JobStarted(idx=idx, attempt=attempt, node=node, pid=os.getpid()))
+    return _run(state_key, packed_state, idx, overrides, composed, attempt, attempts, started, node)
+
+
 def _run(
     state_key: str,
     packed_state: list[Any],

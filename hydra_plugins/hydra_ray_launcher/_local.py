@@ -13,6 +13,7 @@ from hydra.core.utils import JobReturn, configure_log, setup_globals
 
 from . import _engine
 from ._engine import Job
+from ._gather import gather_outputs
 from ._jobs import JobOutcome, capture_sweep_state
 from ._records import write_record
 from ._report import SweepProgress
@@ -62,25 +63,43 @@ def launch(
         if launcher.shipped is None or not launcher.shipped.is_current():
             state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
             launcher.shipped = _engine.ship_state(state)
-        with SweepProgress(
-            [(j.idx, j.overrides) for j in jobs],
-            live=book.settings.live,
-            already_done=already_done,
-        ) as progress:
-            return _engine.run_jobs(
-                launcher.shipped,
-                jobs,
-                remote,
-                policy=book.settings.policy,
-                progress=progress,
-                on_finished=lambda outcome: write_record(book.sweep_dir, outcome),
-            )
+        configs = None
+        if not _engine.single_machine():
+            # Other machines need not have the app's config files: compose here.
+            loader = launcher.hydra_context.config_loader
+            configs = {job.idx: loader.load_sweep_config(config, job.overrides) for job in jobs}
+        try:
+            with SweepProgress(
+                [(j.idx, j.overrides) for j in jobs],
+                live=book.settings.live,
+                already_done=already_done,
+            ) as progress:
+                return _engine.run_jobs(
+                    launcher.shipped,
+                    jobs,
+                    remote,
+                    policy=book.settings.policy,
+                    progress=progress,
+                    configs=configs,
+                    on_finished=lambda outcome: write_record(book.sweep_dir, outcome),
+                )
+        finally:
+            # On a cluster of several machines, bring home what jobs wrote on the
+            # others (also after a failure or Ctrl-C: the finished jobs' files).
+            _gather_quietly(book.sweep_dir.resolve())
 
     try:
         return run_batch(book, job_overrides, initial_job_idx, run)
     except KeyboardInterrupt:
         stop_ray()
         raise
+
+
+def _gather_quietly(sweep_dir: Path) -> None:
+    try:
+        gather_outputs(sweep_dir, workdir=None)  # the jobs' working dir is the user's
+    except Exception as exc:  # never hide the sweep's own outcome
+        log.error(f"Could not bring home the outputs written on other nodes: {exc}")
 
 
 def start_ray(init: dict[str, Any]) -> None:
