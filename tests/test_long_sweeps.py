@@ -338,3 +338,21 @@ def test_long_sweep_example_jobs_continue_from_their_checkpoint_on_retry(
         log = (sweep / str(num) / "train.log").read_text()
         assert "Continuing from the checkpoint of epoch 2" in log
         assert log.count("epoch 1: loss") == 1
+
+
+def test_jobs_no_node_can_run_are_refused_instead_of_waiting_forever(tmp_path: Path) -> None:
+    res = run_app(
+        "app.py",
+        "x=1,2",
+        "hydra.launcher.ray.init.num_cpus=1",
+        "hydra.launcher.ray.init.include_dashboard=false",
+        "hydra.launcher.ray.remote.num_cpus=2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert res.returncode != 0
+    assert "No job can run on this Ray: each job asks for {'CPU': 2.0}" in res.output
+    assert "the most any node has is {'CPU': 1.0}" in res.output
+    assert "hydra.launcher.ray.remote.num_cpus" in res.output
+    assert not list((tmp_path / "sweep").glob("*/.hydra"))  # no job ran

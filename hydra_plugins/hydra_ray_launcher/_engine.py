@@ -209,6 +209,26 @@ class StartBoard:
         return events
 
 
+def unschedulable(remote: Mapping[str, Any]) -> str | None:
+    """Why no alive node can ever run a job with these `ray.remote` options (a
+    job would wait forever), or None if some node can."""
+    import ray
+
+    options = without_nulls(remote)
+    request = {
+        "CPU": float(options.get("num_cpus", 1)),
+        "GPU": float(options.get("num_gpus", 0)),
+        "memory": float(options.get("memory", 0)),
+        **{k: float(v) for k, v in (options.get("resources") or {}).items()},
+    }
+    request = {k: v for k, v in request.items() if v > 0}
+    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]  # type: ignore[no-untyped-call]
+    if any(all(node.get(k, 0) >= v for k, v in request.items()) for node in nodes):
+        return None
+    largest = {k: max((node.get(k, 0) for node in nodes), default=0) for k in request}
+    return f"each job asks for {request}, and the most any node has is {largest}"
+
+
 def single_machine() -> bool:
     """Whether every job runs on this machine: a local Ray, or a cluster of one
     node that is this one (not Ray Client, whose cluster is elsewhere)."""

@@ -60,6 +60,9 @@ def launch(
     def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
         assert launcher.hydra_context is not None and launcher.task_function is not None
         start_ray(init)
+        _check_schedulable(
+            remote, connected=bool(init.get("address") or os.environ.get("RAY_ADDRESS"))
+        )
         if launcher.shipped is None or not launcher.shipped.is_current():
             state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
             launcher.shipped = _engine.ship_state(state)
@@ -93,6 +96,25 @@ def launch(
     except KeyboardInterrupt:
         stop_ray()
         raise
+
+
+def _check_schedulable(remote: dict[str, Any], *, connected: bool) -> None:
+    """A job no node can run would wait forever: refuse on a Ray of fixed size
+    (the local one), warn on a cluster (its autoscaler may add such nodes)."""
+    why = _engine.unschedulable(remote)
+    if why is None:
+        return
+    if connected:
+        log.warning(
+            f"No node of the cluster can run a job now ({why}): the jobs wait until the "
+            "cluster has such a node (hydra.launcher.ray.remote)"
+        )
+        return
+    raise ConfigError(
+        f"No job can run on this Ray: {why}. Lower hydra.launcher.ray.remote.num_cpus / "
+        "num_gpus / memory / resources, or give the local Ray more "
+        "(hydra.launcher.ray.init.num_cpus, ...)"
+    )
 
 
 def _gather_quietly(sweep_dir: Path) -> None:

@@ -165,6 +165,8 @@ def run_batch(
     book.outcomes.update((o.idx, o) for o in reused)
     try:
         outcomes = run(to_run, len(reused)) if to_run else []
+    except ConfigError:
+        raise  # refused before any job ran: nothing to summarise
     except BaseException:
         # What finished has its record (written by the driver that received it).
         for job in to_run:
