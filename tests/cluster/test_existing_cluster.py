@@ -5,6 +5,7 @@ node that ran it."""
 
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,10 +34,31 @@ def running_cluster(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[str]:
     up = fake_hosts.run_in_netns([ray_cli, "up", "-y", str(cluster_yaml)], env=env, timeout=300)
     try:
         assert up.returncode == 0, up.stdout
-        yield f"{fake_hosts.address('head')}:10001"
+        address = f"{fake_hosts.address('head')}:10001"
+        _wait_until_ready(fake_hosts, address, {**env, "RAY_AUTH_MODE": "disabled"})
+        yield address
     finally:
         fake_hosts.run_in_netns([ray_cli, "down", "-y", str(cluster_yaml)], env=env, timeout=300)
         fake_hosts.kill_leftovers()
+
+
+def _wait_until_ready(hosts: FakeHosts, address: str, env: dict[str, str]) -> None:
+    """Until Ray Client answers and both nodes are in: right after `ray up`, the
+    client server may fail a first connection (seen once under load: its
+    per-client server died at start, "psutil.ZombieProcess")."""
+    probe = (
+        "import ray, sys; ray.init(sys.argv[1]); "
+        "print('ALIVE', sum(n['Alive'] for n in ray.nodes())); ray.shutdown()"
+    )
+    deadline = time.monotonic() + 180
+    while True:
+        res = hosts.run_in_netns(
+            [sys.executable, "-c", probe, f"ray://{address}"], env=env, timeout=120
+        )
+        if res.returncode == 0 and "ALIVE 2" in res.stdout:
+            return
+        assert time.monotonic() < deadline, res.stdout
+        time.sleep(2)
 
 
 def test_outputs_written_on_another_machine_come_home(
@@ -54,7 +76,7 @@ def test_outputs_written_on_another_machine_come_home(
         timeout=300,
     )
     assert res.returncode != 0, res.stdout  # job #2 raises
-    assert "on 127.0.0.3" in res.stdout  # the jobs ran on the worker machine
+    assert "on 127.0.0.3" in res.stdout, res.stdout  # the jobs ran on the worker machine
     # Ray Client has no streaming generators: start events came through an actor.
     assert "#0 : x=1 raise_on=[3] started on 127.0.0.3" in res.stdout
     # Each job's dir, with its files, is here, the failed job's too.
