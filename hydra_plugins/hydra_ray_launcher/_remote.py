@@ -193,15 +193,20 @@ def _sync_up(cluster: "Cluster", sync: DictConfig, remote_tmp: str, local_tmp: P
     )
 
 
-def _run_head_driver(cluster: "Cluster", remote_tmp: str, code_dir: str | None) -> None:
+def _head_driver_command(remote_tmp: str, args: str, code_dir: str | None = None) -> str:
+    """The shell command that runs `_head_driver ARGS` in the head's temp dir,
+    with the shipped plugin (and the synced code) on its path."""
     tmp = shlex.quote(remote_tmp)
     pythonpath = f"{tmp}/{PLUGIN_DIR}:" + (f"{shlex.quote(code_dir)}:" if code_dir else "")
-    cmd = (
-        f"cd {tmp} && "
-        f"PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 "
-        f"python -m hydra_plugins.hydra_ray_launcher._head_driver "
-        f"{tmp}/job_spec.pkl {tmp}/returns.pkl"
+    return (
+        f"cd {tmp} && PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 "
+        f"python -m hydra_plugins.hydra_ray_launcher._head_driver {args}"
     )
+
+
+def _run_head_driver(cluster: "Cluster", remote_tmp: str, code_dir: str | None) -> None:
+    tmp = shlex.quote(remote_tmp)
+    cmd = _head_driver_command(remote_tmp, f"{tmp}/job_spec.pkl {tmp}/returns.pkl", code_dir)
     log.info("Running the jobs from the cluster's head")
     try:
         cluster.run(cmd)
@@ -215,12 +220,7 @@ def _run_head_driver(cluster: "Cluster", remote_tmp: str, code_dir: str | None) 
 def _gather_after_failure(cluster: "Cluster", remote_tmp: str, sweep_dir: Path) -> None:
     """The driver did not finish: stop it if it still runs, and gather onto the
     head what the finished jobs wrote on other nodes (and remove it there)."""
-    tmp = shlex.quote(remote_tmp)
-    cmd = (
-        f"cd {tmp} && PYTHONPATH={tmp}/{PLUGIN_DIR}:$PYTHONPATH "
-        f"python -m hydra_plugins.hydra_ray_launcher._head_driver gather "
-        f"{shlex.quote(str(sweep_dir))}"
-    )
+    cmd = _head_driver_command(remote_tmp, f"gather {shlex.quote(str(sweep_dir))}")
     log.warning("Gathering the outputs of the jobs that finished on the cluster's nodes")
     try:
         cluster.run(cmd)
