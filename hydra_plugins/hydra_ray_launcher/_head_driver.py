@@ -13,6 +13,7 @@ other nodes, so that sync_down brings it home before the cluster goes.
 """
 
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -39,6 +40,11 @@ log = logging.getLogger(__name__)
 PLUGIN_DIR = "plugin"
 # The running driver's pid, in its working dir.
 _PID_FILE = "driver.pid"
+# Written in its working dir by the driver and by `gather` once they have tried to
+# bring every node's outputs onto the head: {"complete": bool, "left": [{"node":
+# IP, "paths": [...]}]}. The launcher tears the cluster down only after a complete
+# one (a missing file means the gather did not end: outputs may still be on nodes).
+GATHER_REPORT = "gather_report.json"
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,7 @@ def main(spec_path: str, returns_path: str) -> None:
             on_finished=lambda outcome: write_record(sweep_dir, outcome),
         )
     gather_outputs(sweep_dir, workdir=os.getcwd())
+    write_gather_report(complete=True, left=[])
     tmp = returns_path + ".part"
     with open(tmp, "wb") as f:
         cloudpickle.dump(outcomes, f)
@@ -130,6 +137,13 @@ def gather_after_failure(sweep_dir: str) -> None:
         _stop(int(pid_file.read_text()))
     ray.init(address="auto", runtime_env={"py_modules": [_plugin_module()]})
     gather_outputs(Path(sweep_dir).resolve(), workdir=os.getcwd())
+    write_gather_report(complete=True, left=[])
+
+
+def write_gather_report(*, complete: bool, left: list[dict[str, Any]]) -> None:
+    tmp = f"{GATHER_REPORT}.part"
+    Path(tmp).write_text(json.dumps({"complete": complete, "left": left}))
+    os.replace(tmp, GATHER_REPORT)
 
 
 def _stop(pid: int, grace_s: float = 15.0) -> None:
