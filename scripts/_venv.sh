@@ -12,6 +12,4 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
 fi
-# compat mode: Hydra finds plugins by walking the hydra_plugins namespace
-# package, which the default (import hook) editable mode hides from it.
-"$VENV/bin/pip" install -q -e "$ROOT${EXTRAS:-}" --config-settings editable_mode=compat
+"$VENV/bin/pip" install -q -e "$ROOT${EXTRAS:-}"
