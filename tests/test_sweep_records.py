@@ -1,10 +1,15 @@
 """The sweep's records, resume plan, summary and table, in-process: no Ray, no
 subprocess. Jobs' outcomes are built by hand."""
 
+import importlib
 import json
 import logging
+import math
 import os
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +18,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
+from hydra_plugins.hydra_ray_launcher import _records
 from hydra_plugins.hydra_ray_launcher._engine import Job, Policy
 from hydra_plugins.hydra_ray_launcher._jobs import (
     FAILED,
@@ -26,7 +32,9 @@ from hydra_plugins.hydra_ray_launcher._records import (
     SUMMARY_FILE,
     read_record,
     record_path,
+    write_manifest,
     write_record,
+    write_summary,
 )
 from hydra_plugins.hydra_ray_launcher._report import MAX_TABLE_ROWS, summary_table
 from hydra_plugins.hydra_ray_launcher._sweep import (
@@ -86,6 +94,22 @@ def read_summary(sweep_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def files_under(path: Path) -> dict[str, bytes]:
+    """Every file under `path` (relative name: content): what a step must not change."""
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
+
+
+def strict_json(text: str) -> Any:
+    """Parse as strict parsers (jq, JavaScript) do: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 class Opaque:
     """A return value that is not JSON."""
 
@@ -114,22 +138,18 @@ def test_record_round_trip_keeps_status_attempt_and_return_value(tmp_path: Path)
     assert read_record(tmp_path, 2) is None
 
 
-def test_corrupt_record_is_missing_and_the_job_runs_again(
+def test_empty_record_is_missing_and_the_job_runs_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    write_record(tmp_path, outcome(0, ["x=1"], value=1))
-    path = record_path(tmp_path, 0)
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])  # e.g. a disk that filled up
+    SweepBook(tmp_path, ["x=1"], settings()).plan(jobs_of("x=1"))
+    record_path(tmp_path, 0).write_bytes(b"")  # renamed into place, then an OS crash
 
     caplog.set_level(logging.WARNING)
     assert read_record(tmp_path, 0) is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(str(path) in w and "job #0 runs again" in w for w in warnings), warnings
+    assert any(str(record_path(tmp_path, 0)) in w and "job #0 runs again" in w for w in warnings)
 
-    # A resume runs it again rather than failing.
-    book = SweepBook(tmp_path, ["x=1"], settings(resume=True))
-    reused, to_run = book.plan(jobs_of("x=1"))
+    reused, to_run = SweepBook(tmp_path, ["x=1"], settings(resume=True)).plan(jobs_of("x=1"))
     assert reused == []
     assert [j.idx for j in to_run] == [0]
 
@@ -176,22 +196,35 @@ def test_write_record_replaces_atomically(tmp_path: Path, monkeypatch: pytest.Mo
 # ---- The resume plan ----
 
 
-def test_new_sweep_clears_the_records_of_an_earlier_one(tmp_path: Path) -> None:
+def test_new_sweep_moves_an_earlier_sweeps_records_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     jobs = jobs_of("x=1", "x=2")
     SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs)
     for job in jobs:
         write_record(tmp_path, outcome(job.idx, job.overrides, value=job.idx))
+    earlier = files_under(tmp_path / RECORD_DIR)
 
+    caplog.set_level(logging.WARNING)
     reused, to_run = SweepBook(tmp_path, ["x=1,2"], settings(resume=False)).plan(jobs)
     assert reused == []
     assert [j.idx for j in to_run] == [0, 1]
     assert read_record(tmp_path, 0) is None
     assert read_record(tmp_path, 1) is None
+    # Not deleted: moved, whole, into a dir of their own, which the log names.
+    (aside,) = (tmp_path / RECORD_DIR).glob("earlier-*")
+    assert files_under(aside) == earlier
+    assert any(str(aside) in r.getMessage() for r in caplog.records), caplog.text
 
     # The new sweep is interrupted before any job ends: a resume runs all of them.
     reused, to_run = SweepBook(tmp_path, ["x=1,2"], settings(resume=True)).plan(jobs)
     assert reused == []
     assert [j.idx for j in to_run] == [0, 1]
+
+    # Starting over again keeps both earlier sweeps, each in its own dir.
+    SweepBook(tmp_path, ["x=1,2"], settings(resume=False)).plan(jobs)
+    asides = sorted((tmp_path / RECORD_DIR).glob("earlier-*"))
+    assert len(asides) == 2 and files_under(aside) == earlier
 
 
 def test_resume_reuses_succeeded_jobs_and_reruns_the_others(tmp_path: Path) -> None:
@@ -243,6 +276,111 @@ def test_resume_refuses_a_job_recorded_with_other_overrides(tmp_path: Path) -> N
     assert "job #1" in str(err.value)
     assert str(["x=2"]) in str(err.value)
     assert str(["x=5"]) in str(err.value)
+
+
+def write_record_of_a_vanished_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: Job
+) -> str:
+    """A record whose return value is of a class from a module that then goes away
+    (the resume runs in another environment). Returns why it cannot be read."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "vanished_results.py").write_text("class Result:\n    pass\n")
+    monkeypatch.syspath_prepend(str(mods))
+    module = importlib.import_module("vanished_results")
+    write_record(tmp_path, outcome(job.idx, job.overrides, value=module.Result()))
+    shutil.rmtree(mods)
+    del sys.modules["vanished_results"]
+    importlib.invalidate_caches()
+    return "ModuleNotFoundError: No module named 'vanished_results'"
+
+
+def spoil_record(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: Job) -> str:
+    """Leave job's record unusable in the way `kind` says; returns why it is."""
+    import cloudpickle
+
+    path = record_path(tmp_path, job.idx)
+    if kind == "module gone":
+        return write_record_of_a_vanished_module(tmp_path, monkeypatch, job)
+    if kind == "truncated":
+        write_record(tmp_path, outcome(job.idx, job.overrides, value=1))
+        path.write_bytes(path.read_bytes()[:40])  # e.g. a disk that filled up
+        return "UnpicklingError: pickle data was truncated"
+    if kind == "not an outcome":
+        path.write_bytes(cloudpickle.dumps({"idx": job.idx}))
+        return "holds a dict, not a job's outcome"
+    assert kind == "another job's"
+    write_record(tmp_path, outcome(job.idx, ["x=9"], value=9))
+    return f"a job that succeeded with ['x=9'], but the manifest lists the job with {job.overrides}"
+
+
+@pytest.mark.parametrize("kind", ["module gone", "truncated", "not an outcome", "another job's"])
+def test_resume_refuses_unreadable_records_naming_them_and_changes_nothing(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = jobs_of("x=1", "x=2", "x=3", "x=4")
+    SweepBook(tmp_path, ["x=1,2,3,4"], settings()).plan(jobs)
+    why = spoil_record(kind, tmp_path, monkeypatch, jobs[0])
+    # A failure (which a rerun would replace), a success, and a second unreadable one.
+    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED))
+    write_record(tmp_path, outcome(2, ["x=3"], value=3))
+    record_path(tmp_path, 3).write_bytes(b"\x80\x05garbage")
+    before = files_under(tmp_path / RECORD_DIR)
+
+    with pytest.raises(ConfigError) as err:
+        SweepBook(tmp_path, ["x=1,2,3,4"], settings(resume=True)).plan(jobs)
+    message = str(err.value)
+    assert message.startswith("hydra.launcher.resume=true refused: 2 job records")
+    assert f"\n  {record_path(tmp_path, 0)}: {why}\n" in message
+    assert f"\n  {record_path(tmp_path, 3)}: UnpicklingError" in message
+    assert "job_1.pkl" not in message and "job_2.pkl" not in message
+    assert "install that module in this environment" in message
+    # Refused before anything changed: no record removed, the manifest as it was.
+    assert files_under(tmp_path / RECORD_DIR) == before
+
+    # The message's other fix, as the user would run it: those jobs run again,
+    # and their records are kept aside.
+    move_aside = message.splitlines()[-1].strip()
+    assert move_aside.startswith(f"mkdir -p {tmp_path / RECORD_DIR / 'unreadable'} && mv -n ")
+    subprocess.run(move_aside, shell=True, check=True)
+    reused, to_run = SweepBook(tmp_path, ["x=1,2,3,4"], settings(resume=True)).plan(jobs)
+    assert [o.idx for o in reused] == [2]
+    assert [j.idx for j in to_run] == [0, 1, 3]
+    aside = files_under(tmp_path / RECORD_DIR / "unreadable")
+    assert aside == {name: before[name] for name in ("job_0.pkl", "job_3.pkl")}
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"task_overrides": ["x=1,2"], "jo', "not JSON"),
+        ('{"jobs": []}', "not a sweep manifest"),
+        ('{"task_overrides": "x", "jobs": {"0": ["x=1"]}}', "not a sweep manifest"),
+        ('{"task_overrides": ["x=1,2"], "jobs": []}', "not a sweep manifest"),
+        ('{"task_overrides": ["x=1,2"], "jobs": {"first": ["x=1"]}}', "not a sweep manifest"),
+        ("[]", "not a sweep manifest"),
+    ],
+)
+def test_resume_refuses_an_unreadable_manifest_and_keeps_every_record(
+    text: str, why: str, tmp_path: Path
+) -> None:
+    jobs = jobs_of("x=1", "x=2")
+    SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs)
+    write_record(tmp_path, outcome(0, ["x=1"], value=0))
+    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED))
+    manifest = tmp_path / RECORD_DIR / "sweep.json"
+    manifest.write_text(text)
+    before = files_under(tmp_path / RECORD_DIR)
+
+    with pytest.raises(ConfigError) as err:
+        SweepBook(tmp_path, ["x=1,2"], settings(resume=True)).plan(jobs)
+    message = str(err.value)
+    assert message.startswith(
+        f"hydra.launcher.resume=true refused: the earlier sweep's manifest {manifest} "
+        f"cannot be read ({why}"
+    )
+    assert "hydra.launcher.resume=false" in message and "not deleted" in message
+    assert files_under(tmp_path / RECORD_DIR) == before
 
 
 def test_resume_without_an_earlier_sweep_runs_every_job(
@@ -373,7 +511,16 @@ def test_interrupted_batch_summarises_what_finished(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("retries", -1), ("job_timeout_s", 0), ("job_timeout_s", -2.5)]
+    ("key", "value"),
+    [
+        ("retries", -1),
+        ("retries", 1.5),
+        ("job_timeout_s", 0),
+        ("job_timeout_s", -2.5),
+        ("job_timeout_s", math.nan),  # passes `<= 0`, and would never expire
+        ("job_timeout_s", math.inf),
+        ("job_timeout_s", -math.inf),
+    ],
 )
 def test_sweep_settings_refuses_invalid_values(key: str, value: float) -> None:
     with pytest.raises(ConfigError, match=re.escape(f"hydra.launcher.{key}={value} is not valid")):
@@ -387,6 +534,55 @@ def test_sweep_settings_accepts_valid_values() -> None:
     assert checked.resume is True
     assert checked.policy == Policy(retries=2, job_timeout_s=1.5)
     assert checked.live is False  # progress=false: lines, never the live display
+
+
+# ---- What the files look like ----
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o077, 0o600), (0o027, 0o640), (0o022, 0o644)])
+def test_files_written_get_the_mode_the_umask_gives(umask: int, mode: int, tmp_path: Path) -> None:
+    old = os.umask(umask)
+    try:
+        write_manifest(tmp_path, ["x=1"], {0: ["x=1"]})
+        write_record(tmp_path, outcome(0, ["x=1"]))
+        summary = write_summary(tmp_path, ["x=1"], [outcome(0, ["x=1"])])
+    finally:
+        os.umask(old)
+    for path in (tmp_path / RECORD_DIR / "sweep.json", record_path(tmp_path, 0), summary):
+        assert oct(path.stat().st_mode & 0o777) == oct(mode), path
+
+
+def test_umask_is_known_where_proc_does_not_tell_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_records, "_PROC_STATUS", "/nonexistent/status")
+    _records._umask_set_and_restored.cache_clear()
+    old = os.umask(0o027)
+    try:
+        assert _records._umask() == 0o027
+        assert os.umask(0o027) == 0o027  # and left as it was
+    finally:
+        os.umask(old)
+        _records._umask_set_and_restored.cache_clear()
+
+
+def test_summary_is_strict_json_with_non_finite_numbers_as_strings(tmp_path: Path) -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    values = [
+        math.nan,
+        {"loss": math.inf, "curve": [1.5, -math.inf, (math.nan, 2)]},
+        {math.nan: 1},  # a key JSON cannot hold: the value's repr
+        loop,
+    ]
+    outcomes = [outcome(i, [f"x={i}"], value=v) for i, v in enumerate(values)]
+    path = write_summary(tmp_path, ["x=0,1,2,3"], outcomes)
+
+    jobs = strict_json(path.read_text())["jobs"]
+    assert [j["return_value"] for j in jobs] == [
+        "NaN",
+        {"loss": "Infinity", "curve": [1.5, "-Infinity", ["NaN", 2]]},
+        "{nan: 1}",
+        "[[...]]",
+    ]
 
 
 # ---- The summary table ----
@@ -452,10 +648,16 @@ def test_big_table_counts_what_it_leaves_out() -> None:
     assert table.splitlines()[-1] == "(50 jobs not shown: every job is in sweep_summary.json)"
 
 
-def test_resume_without_a_manifest_does_not_take_stray_records(tmp_path: Path) -> None:
+def test_resume_without_a_manifest_refuses_stray_records_and_keeps_them(tmp_path: Path) -> None:
     write_record(tmp_path, outcome(0, ["y=9"], value="not this job's"))
-    reused, to_run = SweepBook(tmp_path, ["x=1"], settings(resume=True)).plan(jobs_of("x=1"))
-    assert reused == [] and [j.idx for j in to_run] == [0]
+    before = files_under(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        SweepBook(tmp_path, ["x=1"], settings(resume=True)).plan(jobs_of("x=1"))
+    message = str(err.value)
+    assert "hydra.launcher.resume=true refused" in message
+    assert "job_0.pkl" in message and "no manifest" in message
+    assert "hydra.launcher.resume=false" in message
+    assert files_under(tmp_path) == before
 
 
 def test_interrupted_resume_reports_earlier_failures_as_not_finished(tmp_path: Path) -> None:
@@ -473,16 +675,6 @@ def test_interrupted_resume_reports_earlier_failures_as_not_finished(tmp_path: P
         (SUCCEEDED, True),
         (INTERRUPTED, False),
     ]
-
-
-def test_corrupt_manifest_is_ignored_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    (tmp_path / RECORD_DIR).mkdir()
-    (tmp_path / RECORD_DIR / "sweep.json").write_text("{not json")
-    reused, to_run = SweepBook(tmp_path, ["x=1"], settings(resume=True)).plan(jobs_of("x=1"))
-    assert reused == [] and len(to_run) == 1
-    assert "is not a sweep manifest" in caplog.text
 
 
 def test_big_table_of_succeeded_jobs_is_one_line() -> None:

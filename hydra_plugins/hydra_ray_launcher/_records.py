@@ -5,19 +5,28 @@
   succeeded ones instead of running them again.
 - `.hydra_ray/sweep.json`: the sweep's overrides and every job's, to refuse a
   resume of a different sweep.
-- `sweep_summary.json`: every job's status, duration, attempts, node and error.
+- `sweep_summary.json`: every job's status, duration, attempts, node, error and
+  return value (JSON has no NaN or Infinity: those floats are written as the
+  strings "NaN", "Infinity" and "-Infinity").
+
+Nothing here deletes a record of a job that succeeded: an earlier sweep's files
+are moved aside, and a record that cannot be read is reported, not dropped.
+Files are created with the mode a plain open() gives under the process's umask.
 """
 
 import contextlib
 import datetime
+import functools
+import itertools
 import json
 import logging
+import math
 import os
-import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import cloudpickle
 from omegaconf import OmegaConf
@@ -28,7 +37,48 @@ log = logging.getLogger(__name__)
 
 RECORD_DIR = ".hydra_ray"
 SUMMARY_FILE = "sweep_summary.json"
-_MANIFEST = "sweep.json"
+MANIFEST = "sweep.json"
+# In RECORD_DIR: where a new sweep moves an earlier sweep's files
+# (EARLIER-<time>), and where the user may move records a resume cannot read.
+EARLIER = "earlier"
+UNREADABLE = "unreadable"
+_PROC_STATUS = "/proc/self/status"
+
+
+class UnreadableRecord(Exception):
+    """A record or manifest of an earlier sweep that exists but cannot be used:
+    a resume stops rather than run a finished job again or drop its result."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"{path}: {why}")
+        self.path = path
+        self.why = why
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What `.hydra_ray/sweep.json` holds: the sweep's overrides and every job's."""
+
+    task_overrides: list[str]
+    jobs: dict[int, list[str]]
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it: os.umask sets it for every
+    thread, and a file another thread creates meanwhile would get the wrong mode."""
+    with contextlib.suppress(OSError, ValueError), open(_PROC_STATUS) as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return _umask_set_and_restored()
+
+
+@functools.cache
+def _umask_set_and_restored() -> int:
+    """Where /proc has no umask (macOS, old kernels): set and restore it, once."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -39,7 +89,8 @@ def _write_atomically(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide it from the user's group
+            # mkstemp makes 0600; the user's umask decides, as for any file they write.
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -57,33 +108,68 @@ def write_record(sweep_dir: Path, outcome: JobOutcome) -> None:
 
 
 def read_record(sweep_dir: Path, idx: int) -> JobOutcome | None:
+    """Job `idx`'s recorded outcome, or None if it has none (or an empty one, which
+    only an OS crash leaves and which holds nothing to keep). Raises
+    UnreadableRecord if the record exists but cannot be read here."""
     path = record_path(sweep_dir, idx)
-    if not path.is_file():
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnreadableRecord(path, f"{type(exc).__name__}: {exc}") from exc
+    if not data:
+        log.warning(f"{path} is empty (written just before an OS crash?): job #{idx} runs again")
         return None
     try:
-        with path.open("rb") as f:
-            outcome = cloudpickle.load(f)
-    except Exception as exc:  # e.g. a return value whose class is gone: run the job again
-        log.warning(f"Cannot read {path} ({type(exc).__name__}: {exc}): job #{idx} runs again")
-        return None
-    return outcome if isinstance(outcome, JobOutcome) else None
+        outcome = cloudpickle.loads(data)
+    except Exception as exc:  # unpickling runs the classes' own code: it can raise anything
+        raise UnreadableRecord(path, f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(outcome, JobOutcome):
+        raise UnreadableRecord(path, f"holds a {type(outcome).__name__}, not a job's outcome")
+    return outcome
 
 
-def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
-    path = sweep_dir / RECORD_DIR / _MANIFEST
-    if not path.is_file():
-        return None
+def job_records(sweep_dir: Path) -> list[Path]:
+    """The job records in the sweep dir (not the temp files of killed writers)."""
+    return sorted((sweep_dir / RECORD_DIR).glob("job_*.pkl"))
+
+
+def _strings(value: Any) -> TypeGuard[list[str]]:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def read_manifest(sweep_dir: Path) -> Manifest | None:
+    """The earlier sweep's manifest, or None if the dir has none. Raises
+    UnreadableRecord if it has one that cannot be read or has another shape."""
+    path = sweep_dir / RECORD_DIR / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
-        if isinstance(manifest, dict) and {"task_overrides", "jobs"} <= manifest.keys():
-            return manifest
-    except ValueError:
-        pass
-    log.warning(f"{path} is not a sweep manifest of this launcher: ignored")
-    return None
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UnreadableRecord(path, f"{type(exc).__name__}: {exc}") from exc
+    try:
+        manifest = json.loads(text)
+    except ValueError as exc:
+        raise UnreadableRecord(path, f"not JSON ({exc})") from exc
+    task_overrides = manifest.get("task_overrides") if isinstance(manifest, dict) else None
+    jobs = manifest.get("jobs") if isinstance(manifest, dict) else None
+    if not (
+        _strings(task_overrides)
+        and isinstance(jobs, dict)
+        and all(idx.isdecimal() and _strings(ov) for idx, ov in jobs.items())
+    ):
+        raise UnreadableRecord(
+            path,
+            'not a sweep manifest of this launcher: {"task_overrides": [overrides], '
+            '"jobs": {"<job number>": [overrides], ...}} expected',
+        )
+    return Manifest(list(task_overrides), {int(idx): list(ov) for idx, ov in jobs.items()})
 
 
 def remove_record(sweep_dir: Path, idx: int) -> None:
+    """For the record of a job that did not succeed, which its rerun replaces."""
     record_path(sweep_dir, idx).unlink(missing_ok=True)
 
 
@@ -95,13 +181,29 @@ def write_manifest(
         "jobs": {str(idx): list(ov) for idx, ov in sorted(jobs.items())},
     }
     _write_atomically(
-        sweep_dir / RECORD_DIR / _MANIFEST, json.dumps(manifest, indent=1).encode() + b"\n"
+        sweep_dir / RECORD_DIR / MANIFEST, json.dumps(manifest, indent=1).encode() + b"\n"
     )
 
 
-def clear_records(sweep_dir: Path) -> None:
-    """Forget an earlier sweep in this dir: a later resume must not take its jobs."""
-    shutil.rmtree(sweep_dir / RECORD_DIR, ignore_errors=True)
+def set_earlier_sweep_aside(sweep_dir: Path) -> Path | None:
+    """Move an earlier sweep's records and manifest out of a later resume's way,
+    into `.hydra_ray/earlier-<time>/` (returned; None if there were none): a new
+    sweep must not take its jobs, and nothing it finished is deleted."""
+    record_dir = sweep_dir / RECORD_DIR
+    files = sorted(p for p in record_dir.glob("*") if p.is_file()) if record_dir.is_dir() else []
+    if not files:
+        return None
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    for n in itertools.count():
+        aside = record_dir / (f"{EARLIER}-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            aside.mkdir()
+            break
+        except FileExistsError:  # two sweeps started over in the same second
+            continue
+    for path in files:
+        path.rename(aside / path.name)
+    return aside
 
 
 def write_summary(
@@ -118,7 +220,8 @@ def write_summary(
         "jobs": jobs,
     }
     path = sweep_dir / SUMMARY_FILE
-    _write_atomically(path, json.dumps(summary, indent=1).encode() + b"\n")
+    # Strict JSON: jq and JavaScript refuse NaN and Infinity.
+    _write_atomically(path, json.dumps(summary, indent=1, allow_nan=False).encode() + b"\n")
     return path
 
 
@@ -149,10 +252,27 @@ def _iso(t: float) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    """The return value as JSON if it is plain data, else its repr (cut short)."""
+    """The return value as JSON if it is plain data (non-finite floats as strings),
+    else its repr (cut short)."""
     try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
+        plain = _finite(value, frozenset())
+        json.dumps(plain, allow_nan=False)  # e.g. a NaN dict key, an object
+        return plain
+    except (TypeError, ValueError, RecursionError):
         text = repr(value)
         return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _finite(value: Any, containing: frozenset[int]) -> Any:
+    """`value` with every non-finite float in it, at any depth, as the string
+    JavaScript prints for it ("NaN", "Infinity", "-Infinity")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, (dict, list, tuple)):
+        if id(value) in containing:
+            raise ValueError("a container that contains itself")
+        containing = containing | {id(value)}
+        if isinstance(value, dict):
+            return {k: _finite(v, containing) for k, v in value.items()}
+        return [_finite(v, containing) for v in value]
+    return value

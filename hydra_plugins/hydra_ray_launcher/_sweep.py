@@ -4,6 +4,8 @@ them, then write sweep_summary.json and show the summary table, also when the
 run is interrupted. Runs on the user's machine for every launcher."""
 
 import logging
+import math
+import shlex
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -16,11 +18,17 @@ from omegaconf import DictConfig
 from ._engine import Job, Policy
 from ._jobs import INTERRUPTED, SUCCEEDED, JobError, JobOutcome
 from ._records import (
+    EARLIER,
+    MANIFEST,
     RECORD_DIR,
-    clear_records,
+    UNREADABLE,
+    UnreadableRecord,
+    job_records,
     read_manifest,
     read_record,
+    record_path,
     remove_record,
+    set_earlier_sweep_aside,
     write_manifest,
     write_summary,
 )
@@ -54,16 +62,21 @@ class SweepSettings:
 
 def sweep_settings(launcher: DictConfig) -> SweepSettings:
     retries = launcher.retries
-    if retries is None or retries < 0:
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise ConfigError(
             f"hydra.launcher.retries={retries} is not valid: set it to 0 (no retries, the "
-            "default) or to how many more times a job that raises may run"
+            "default) or to how many more times a job that raises may run (a whole number)"
         )
     timeout = launcher.job_timeout_s
-    if timeout is not None and timeout <= 0:
+    # NaN passes `<= 0` and never expires (the driver would busy-loop); no limit
+    # is null, one way to say it.
+    if timeout is not None and (
+        not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0
+    ):
         raise ConfigError(
             f"hydra.launcher.job_timeout_s={timeout} is not valid: set it to the seconds a "
-            "job may run before it is cancelled (> 0), or to null for no limit"
+            "job may run before it is cancelled (a finite number > 0), or to null for no "
+            "limit" + (" (not inf)" if timeout == math.inf else "")
         )
     return SweepSettings(
         progress=bool(launcher.progress),
@@ -83,59 +96,127 @@ class SweepBook:
         self.settings = settings
         self.outcomes: dict[int, JobOutcome] = {}
         self._jobs: dict[int, list[str]] = {}
-        self._earlier_jobs: dict[str, list[str]] | None = None
+        self._earlier_jobs: dict[int, list[str]] | None = None
 
     def plan(self, jobs: Sequence[Job]) -> tuple[list[JobOutcome], list[Job]]:
         """The outcomes taken from an earlier run of the sweep (resume), and the
-        jobs to run now."""
+        jobs to run now. Raises ConfigError, having changed nothing, if the
+        earlier run's files do not fit this sweep or cannot be read."""
         if self._earlier_jobs is None:
             self._earlier_jobs = self._open()
         reused: list[JobOutcome] = []
         to_run: list[Job] = []
+        stale: list[int] = []
+        unusable: list[UnreadableRecord] = []
         for job in jobs:
-            earlier = self._earlier_jobs.get(str(job.idx))
+            earlier = self._earlier_jobs.get(job.idx)
             if earlier is not None and sorted(earlier) != sorted(job.overrides):
                 raise self._refusal(
                     f"its job #{job.idx} had the overrides {earlier}, this run's has "
                     f"{job.overrides}"
                 )
-            # Only records the manifest vouches for, of a job with these overrides.
-            record = read_record(self.sweep_dir, job.idx) if earlier is not None else None
-            if (
-                record is not None
-                and record.status == SUCCEEDED
-                and sorted(record.job_return.overrides or []) == sorted(job.overrides)
+            try:
+                record = read_record(self.sweep_dir, job.idx)
+            except UnreadableRecord as exc:
+                unusable.append(exc)
+                continue
+            if record is None:
+                to_run.append(job)
+            elif record.status != SUCCEEDED:
+                # A failure is stale once its job runs again: if this run is
+                # interrupted, the job is reported as not finished, not as failed.
+                stale.append(job.idx)
+                to_run.append(job)
+            elif earlier is not None and sorted(record.job_return.overrides or []) == sorted(
+                job.overrides
             ):
                 record.resumed = True
                 reused.append(record)
             else:
-                # Its earlier record (a failure) is stale now: if this run is
-                # interrupted, the job is reported as not finished, not as failed.
-                remove_record(self.sweep_dir, job.idx)
-                to_run.append(job)
-            self._jobs[job.idx] = job.overrides
+                # Only records the manifest vouches for, of a job with these overrides.
+                vouched = (
+                    f"the manifest lists the job with {earlier}"
+                    if earlier is not None
+                    else "the manifest does not list the job"
+                )
+                unusable.append(
+                    UnreadableRecord(
+                        record_path(self.sweep_dir, job.idx),
+                        f"a job that succeeded with {record.job_return.overrides}, but {vouched}",
+                    )
+                )
+        if unusable:
+            raise self._unusable(unusable)
+        for idx in stale:
+            remove_record(self.sweep_dir, idx)
+        self._jobs.update((job.idx, job.overrides) for job in jobs)
         write_manifest(self.sweep_dir, self.task_overrides, self._jobs)
         return reused, to_run
 
-    def _open(self) -> dict[str, list[str]]:
+    def _open(self) -> dict[int, list[str]]:
         """At the first batch: check the earlier sweep a resume continues, or
-        forget the one a new sweep replaces."""
-        manifest = read_manifest(self.sweep_dir)
+        move aside the one a new sweep replaces."""
         if not self.settings.resume:
-            clear_records(self.sweep_dir)
+            aside = set_earlier_sweep_aside(self.sweep_dir)
+            if aside is not None:
+                log.warning(
+                    f"{self.sweep_dir} held the records of an earlier sweep: moved to {aside} "
+                    "(this sweep starts the dir over: hydra.launcher.resume=false)"
+                )
             return {}
+        try:
+            manifest = read_manifest(self.sweep_dir)
+        except UnreadableRecord as exc:
+            raise ConfigError(
+                f"hydra.launcher.resume=true refused: the earlier sweep's manifest {exc.path} "
+                f"cannot be read ({exc.why}), so its job records cannot be checked against "
+                f"this sweep. Nothing was run or changed. {self._restore_or_start_over()}"
+            ) from exc
         if manifest is None:
+            records = job_records(self.sweep_dir)
+            if records:
+                raise ConfigError(
+                    f"hydra.launcher.resume=true refused: {self.sweep_dir / RECORD_DIR} holds "
+                    f"{len(records)} job records ({', '.join(p.name for p in records[:5])}"
+                    f"{', ...' if len(records) > 5 else ''}) but no manifest ({MANIFEST}) "
+                    "that says which sweep they are of. Nothing was run or changed. "
+                    + self._restore_or_start_over()
+                )
             log.warning(
                 f"hydra.launcher.resume=true, but {self.sweep_dir} holds no earlier sweep of "
                 "this launcher: every job runs"
             )
             return {}
-        earlier = manifest["task_overrides"]
-        if sorted(earlier) != sorted(self.task_overrides):
-            raise self._refusal(f"it was run with {earlier}, this run has {self.task_overrides}")
-        jobs = manifest["jobs"]
-        self._jobs = {int(idx): ov for idx, ov in jobs.items()}
-        return dict(jobs)
+        if sorted(manifest.task_overrides) != sorted(self.task_overrides):
+            raise self._refusal(
+                f"it was run with {manifest.task_overrides}, this run has {self.task_overrides}"
+            )
+        self._jobs = dict(manifest.jobs)
+        return dict(manifest.jobs)
+
+    def _restore_or_start_over(self) -> str:
+        return (
+            f"Restore {self.sweep_dir / RECORD_DIR / MANIFEST} and run the same command "
+            "again; or start this dir over with hydra.launcher.resume=false (the earlier "
+            f"records are moved to {self.sweep_dir / RECORD_DIR}/{EARLIER}-<time>/, not "
+            "deleted); or run the sweep in another hydra.sweep.dir."
+        )
+
+    def _unusable(self, problems: list[UnreadableRecord]) -> ConfigError:
+        aside = self.sweep_dir / RECORD_DIR / UNREADABLE
+        files = " ".join(shlex.quote(str(p.path)) for p in problems)
+        listed = "".join(f"\n  {p.path}: {p.why}" for p in problems)
+        records = f"{len(problems)} job record" + ("s" if len(problems) > 1 else "")
+        return ConfigError(
+            f"hydra.launcher.resume=true refused: {records} of the earlier sweep in "
+            f"{self.sweep_dir} cannot be used, and their jobs may have finished (a resume "
+            f"would run them again):{listed}\n"
+            "Nothing was run or changed: the files are where they were. Make them readable "
+            "here (for a ModuleNotFoundError: install that module in this environment) and "
+            "run the same command again. Or, to run those jobs again, move the records aside, "
+            f"then run the same command again:\n  mkdir -p {shlex.quote(str(aside))} && "
+            f"mv -n {files} {shlex.quote(str(aside))}/"
+        )
 
     def _refusal(self, why: str) -> ConfigError:
         return ConfigError(
@@ -170,12 +251,23 @@ def run_batch(
     except BaseException:
         # What finished has its record (written by the driver that received it).
         for job in to_run:
-            book.outcomes[job.idx] = read_record(book.sweep_dir, job.idx) or _unfinished(job)
+            book.outcomes[job.idx] = _recorded(book.sweep_dir, job) or _unfinished(job)
         _summarise(book, interrupted=True)
         raise
     book.outcomes.update((o.idx, o) for o in outcomes)
     _summarise(book, interrupted=False)
     return [book.outcomes[job.idx].job_return for job in jobs]
+
+
+def _recorded(sweep_dir: Path, job: Job) -> JobOutcome | None:
+    """The record of a job of an interrupted run, for its summary. One that cannot
+    be read here (e.g. synced home from a cluster whose modules this machine lacks)
+    is left where it is, for the resume to report."""
+    try:
+        return read_record(sweep_dir, job.idx)
+    except UnreadableRecord as exc:
+        log.warning(f"Cannot read {exc.path} ({exc.why}): job #{job.idx} summarised as unfinished")
+        return None
 
 
 def _unfinished(job: Job) -> JobOutcome:

@@ -1,18 +1,21 @@
 """A test app: each job records when and where it ran, sleeps, and then
-succeeds, raises, or kills its own process, as the config says for its `x`."""
+succeeds (returning x * 10, or what the config says), raises, or kills its own
+process, as the config says for its `x`."""
 
+import importlib
 import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 @hydra.main(version_base=None, config_path=".", config_name="app")
-def main(cfg: DictConfig) -> int:
+def main(cfg: DictConfig) -> Any:
     num = HydraConfig.get().job.num
     out = Path(cfg.out) if cfg.out else Path(HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -39,6 +42,11 @@ def main(cfg: DictConfig) -> int:
         "sid": os.getsid(0),
     }
     (out / f"done_{num}.json").write_text(json.dumps(record))
+    if cfg.result_module:
+        return importlib.import_module(cfg.result_module).Result(cfg.x)
+    if num < len(cfg.returns):
+        returns = cfg.returns[num]
+        return OmegaConf.to_container(returns) if OmegaConf.is_config(returns) else returns
     return int(cfg.x) * 10
 
 
