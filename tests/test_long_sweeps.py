@@ -6,6 +6,7 @@ session's real Ray."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .conftest import APPS, run_app, run_app_in_pty
+from .conftest import APPS, SMALL_RAY, run_app, run_app_in_pty
 
 ESCAPE = "\x1b"
 
@@ -311,6 +312,67 @@ def test_bad_values_are_refused_naming_the_key(tmp_path: Path) -> None:
         assert res.returncode != 0
         assert f"{key}" in res.output and "is not valid" in res.output, res.output
         assert "Initializing ray" not in res.output
+
+
+def test_a_timeout_of_nan_or_inf_is_refused_before_ray_starts(tmp_path: Path) -> None:
+    for value, fix in (("nan", "or to null for no limit"), ("inf", "null for no limit (not inf)")):
+        res = run_app(
+            "app.py", "x=1", f"hydra.launcher.job_timeout_s={value}", *SMALL_RAY, cwd=tmp_path
+        )
+        assert res.returncode != 0
+        assert f"hydra.launcher.job_timeout_s={value} is not valid" in res.output, res.output
+        assert fix in res.output
+        assert "Initializing ray" not in res.output
+
+
+def test_summary_of_nan_and_infinite_return_values_is_strict_json(
+    ray_session: str, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    res = run_app(
+        "app.py",
+        "x=1,2",
+        "returns=[nan,{loss:inf,curve:[0.5,-inf]}]",
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.output
+    text = (sweep / "sweep_summary.json").read_text()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    jobs = json.loads(text, parse_constant=refuse)["jobs"]
+    assert jobs[0]["return_value"] == "NaN"
+    assert jobs[1]["return_value"] == {"loss": "Infinity", "curve": [0.5, "-Infinity"]}
+    if shutil.which("jq"):
+        jq = subprocess.run(
+            ["jq", "-c", "[.jobs[].return_value]"], input=text, capture_output=True, text=True
+        )
+        assert jq.returncode == 0, jq.stderr
+        assert jq.stdout.strip() == '["NaN",{"loss":"Infinity","curve":[0.5,"-Infinity"]}]'
+
+
+def test_files_the_sweep_writes_get_the_mode_of_the_users_umask(
+    ray_session: str, tmp_path: Path
+) -> None:
+    for umask, mode in ((0o077, 0o600), (0o022, 0o644)):
+        sweep = tmp_path / f"sweep_{umask:o}"
+        overrides = [f"hydra.sweep.dir={sweep}", f"hydra.launcher.ray.init.address={ray_session}"]
+        res = subprocess.run(
+            [sys.executable, str(APPS / "app.py"), "--multirun", "x=1", *overrides],
+            cwd=tmp_path,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+            umask=umask,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=180,
+        )
+        assert res.returncode == 0, res.stdout
+        for path in ("sweep_summary.json", ".hydra_ray/sweep.json", ".hydra_ray/job_0.pkl"):
+            assert oct((sweep / path).stat().st_mode & 0o777) == oct(mode), (umask, path)
 
 
 def test_long_sweep_example_jobs_continue_from_their_checkpoint_on_retry(

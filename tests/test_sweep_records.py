@@ -147,7 +147,7 @@ def test_empty_record_is_missing_and_the_job_runs_again(
     caplog.set_level(logging.WARNING)
     assert read_record(tmp_path, 0) is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(str(record_path(tmp_path, 0)) in w and "job #0 runs again" in w for w in warnings)
+    assert any(str(record_path(tmp_path, 0)) in w and "job #0 not finished" in w for w in warnings)
 
     reused, to_run = SweepBook(tmp_path, ["x=1"], settings(resume=True)).plan(jobs_of("x=1"))
     assert reused == []
@@ -196,14 +196,15 @@ def test_write_record_replaces_atomically(tmp_path: Path, monkeypatch: pytest.Mo
 # ---- The resume plan ----
 
 
-def test_new_sweep_moves_an_earlier_sweeps_records_aside(
+def test_new_sweep_moves_an_earlier_sweeps_records_and_summary_aside(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     jobs = jobs_of("x=1", "x=2")
-    SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs)
-    for job in jobs:
-        write_record(tmp_path, outcome(job.idx, job.overrides, value=job.idx))
-    earlier = files_under(tmp_path / RECORD_DIR)
+    overrides = [job.overrides for job in jobs]
+    run_batch(SweepBook(tmp_path, ["x=1,2"], settings()), overrides, 0, fake_run(tmp_path, []))
+    earlier = files_under(tmp_path / RECORD_DIR) | {
+        SUMMARY_FILE: (tmp_path / SUMMARY_FILE).read_bytes()
+    }
 
     caplog.set_level(logging.WARNING)
     reused, to_run = SweepBook(tmp_path, ["x=1,2"], settings(resume=False)).plan(jobs)
@@ -214,6 +215,7 @@ def test_new_sweep_moves_an_earlier_sweeps_records_aside(
     # Not deleted: moved, whole, into a dir of their own, which the log names.
     (aside,) = (tmp_path / RECORD_DIR).glob("earlier-*")
     assert files_under(aside) == earlier
+    assert not (tmp_path / SUMMARY_FILE).exists()
     assert any(str(aside) in r.getMessage() for r in caplog.records), caplog.text
 
     # The new sweep is interrupted before any job ends: a resume runs all of them.
@@ -359,6 +361,14 @@ def test_resume_refuses_unreadable_records_naming_them_and_changes_nothing(
         ('{"task_overrides": ["x=1,2"], "jobs": []}', "not a sweep manifest"),
         ('{"task_overrides": ["x=1,2"], "jobs": {"first": ["x=1"]}}', "not a sweep manifest"),
         ("[]", "not a sweep manifest"),
+    ],
+    ids=[
+        "truncated",
+        "no overrides",
+        "overrides a string",
+        "jobs a list",
+        "a job not a number",
+        "a list",
     ],
 )
 def test_resume_refuses_an_unreadable_manifest_and_keeps_every_record(
@@ -539,7 +549,11 @@ def test_sweep_settings_accepts_valid_values() -> None:
 # ---- What the files look like ----
 
 
-@pytest.mark.parametrize(("umask", "mode"), [(0o077, 0o600), (0o027, 0o640), (0o022, 0o644)])
+@pytest.mark.parametrize(
+    ("umask", "mode"),
+    [(0o077, 0o600), (0o027, 0o640), (0o022, 0o644)],
+    ids=["umask 077", "umask 027", "umask 022"],
+)
 def test_files_written_get_the_mode_the_umask_gives(umask: int, mode: int, tmp_path: Path) -> None:
     old = os.umask(umask)
     try:

@@ -108,6 +108,17 @@ def write_record(sweep_dir: Path, outcome: JobOutcome) -> None:
 
 
 def read_record(sweep_dir: Path, idx: int) -> JobOutcome | None:
+    """Job `idx`'s recorded outcome, or None if it has none or one that cannot be
+    read here (logged, and left where it is): for what only needs to know whether
+    the job finished. A resume decides with load_record."""
+    try:
+        return load_record(sweep_dir, idx)
+    except UnreadableRecord as exc:
+        log.warning(f"Cannot read {exc.path} ({exc.why}): job #{idx} taken as not finished")
+        return None
+
+
+def load_record(sweep_dir: Path, idx: int) -> JobOutcome | None:
     """Job `idx`'s recorded outcome, or None if it has none (or an empty one, which
     only an OS crash leaves and which holds nothing to keep). Raises
     UnreadableRecord if the record exists but cannot be read here."""
@@ -119,7 +130,7 @@ def read_record(sweep_dir: Path, idx: int) -> JobOutcome | None:
     except OSError as exc:
         raise UnreadableRecord(path, f"{type(exc).__name__}: {exc}") from exc
     if not data:
-        log.warning(f"{path} is empty (written just before an OS crash?): job #{idx} runs again")
+        log.warning(f"{path} is empty (written just before an OS crash?): job #{idx} not finished")
         return None
     try:
         outcome = cloudpickle.loads(data)
@@ -186,13 +197,15 @@ def write_manifest(
 
 
 def set_earlier_sweep_aside(sweep_dir: Path) -> Path | None:
-    """Move an earlier sweep's records and manifest out of a later resume's way,
-    into `.hydra_ray/earlier-<time>/` (returned; None if there were none): a new
-    sweep must not take its jobs, and nothing it finished is deleted."""
+    """Move an earlier sweep's records, manifest and summary out of a later
+    resume's way, into `.hydra_ray/earlier-<time>/` (returned; None if there were
+    none): a new sweep must not take its jobs, and nothing it finished is deleted."""
     record_dir = sweep_dir / RECORD_DIR
     files = sorted(p for p in record_dir.glob("*") if p.is_file()) if record_dir.is_dir() else []
     if not files:
         return None
+    if (sweep_dir / SUMMARY_FILE).is_file():
+        files.append(sweep_dir / SUMMARY_FILE)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     for n in itertools.count():
         aside = record_dir / (f"{EARLIER}-{stamp}" + (f"-{n}" if n else ""))

@@ -24,6 +24,7 @@ from ._records import (
     UNREADABLE,
     UnreadableRecord,
     job_records,
+    load_record,
     read_manifest,
     read_record,
     record_path,
@@ -116,7 +117,7 @@ class SweepBook:
                     f"{job.overrides}"
                 )
             try:
-                record = read_record(self.sweep_dir, job.idx)
+                record = load_record(self.sweep_dir, job.idx)
             except UnreadableRecord as exc:
                 unusable.append(exc)
                 continue
@@ -160,8 +161,8 @@ class SweepBook:
             aside = set_earlier_sweep_aside(self.sweep_dir)
             if aside is not None:
                 log.warning(
-                    f"{self.sweep_dir} held the records of an earlier sweep: moved to {aside} "
-                    "(this sweep starts the dir over: hydra.launcher.resume=false)"
+                    f"{self.sweep_dir} held an earlier sweep's job records and summary: moved "
+                    f"to {aside} (hydra.launcher.resume=false: this sweep starts the dir over)"
                 )
             return {}
         try:
@@ -251,23 +252,12 @@ def run_batch(
     except BaseException:
         # What finished has its record (written by the driver that received it).
         for job in to_run:
-            book.outcomes[job.idx] = _recorded(book.sweep_dir, job) or _unfinished(job)
+            book.outcomes[job.idx] = read_record(book.sweep_dir, job.idx) or _unfinished(job)
         _summarise(book, interrupted=True)
         raise
     book.outcomes.update((o.idx, o) for o in outcomes)
     _summarise(book, interrupted=False)
     return [book.outcomes[job.idx].job_return for job in jobs]
-
-
-def _recorded(sweep_dir: Path, job: Job) -> JobOutcome | None:
-    """The record of a job of an interrupted run, for its summary. One that cannot
-    be read here (e.g. synced home from a cluster whose modules this machine lacks)
-    is left where it is, for the resume to report."""
-    try:
-        return read_record(sweep_dir, job.idx)
-    except UnreadableRecord as exc:
-        log.warning(f"Cannot read {exc.path} ({exc.why}): job #{job.idx} summarised as unfinished")
-        return None
 
 
 def _unfinished(job: Job) -> JobOutcome:
