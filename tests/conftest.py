@@ -1,13 +1,17 @@
 """Shared fixtures: one real Ray for the whole test session, and a runner for
 Hydra apps as subprocesses."""
 
+import contextlib
 import fcntl
 import os
 import pty
 import select
+import signal
+import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 import time
 from collections.abc import Iterator
@@ -112,3 +116,53 @@ def run_in_pty(
     finally:
         os.close(master)
     return AppRun(proc.wait(timeout=30), b"".join(chunks).decode(errors="replace"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def ray_head(env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """A Ray cluster started with `ray start --head` on this machine (in `env`:
+    RAY_AUTH_MODE and HOME decide its token); yields its address and the session
+    id of its processes. Stopped after by killing its process group (never `ray
+    stop`, which would stop every Ray on the machine)."""
+    port = free_port()
+    # A short, private temp dir: Ray's socket paths must stay short, and its
+    # record of "the latest cluster" must not leak to other tests.
+    temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
+    head = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--temp-dir={temp_dir}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**env, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
+            time.sleep(0.5)
+        time.sleep(2)  # the raylet registers shortly after the GCS port opens
+        yield f"localhost:{port}", head.pid
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its processes
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(timeout=15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)  # and whatever did not stop in time

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 
 from . import _engine
+from ._connect import check_connection
 from ._engine import Job
 from ._gather import gather_outputs
 from ._jobs import JobOutcome, capture_sweep_state
 from ._records import write_record
+from ._redact import redacted
 from ._report import SweepProgress
 from ._sweep import SweepBook, run_batch, sweep_settings
 from ._validate import ConfigError, plain_dict, ray_init_kwargs
@@ -133,13 +135,20 @@ def start_ray(init: dict[str, Any]) -> None:
     if ray.is_initialized():
         return
     kwargs = ray_init_kwargs(init)
-    log.info(f"Initializing ray with config: {kwargs}")
+    # The secrets of runtime_env.env_vars, passwords and tokens are not for logs.
+    log.info(f"Initializing ray with config: {redacted(kwargs)}")
     if not sys.stdout.isatty():
         # Ray colours parts of its own log lines whatever the output is.
         for handler in logging.getLogger("ray").handlers:
             handler.addFilter(_strip_colours)
+    check_connection(kwargs)
     try:
         ray.init(**kwargs)
+    except KeyboardInterrupt:
+        # Ctrl-C while Ray starts: stop what it started so far, now, not at exit
+        # (Ray's exit hooks would leave processes for seconds and exit with 1).
+        ray.shutdown()
+        raise
     except (ValueError, TypeError, RuntimeError, ConnectionError) as exc:
         # Ray's reason is often in the chained cause (e.g. a missing auth token).
         reasons, cause = [f"{type(exc).__name__}: {exc}"], exc.__cause__
@@ -147,7 +156,8 @@ def start_ray(init: dict[str, Any]) -> None:
             reasons.append(f"{type(cause).__name__}: {cause}")
             cause = cause.__cause__
         raise ConfigError(
-            f"ray.init() refused hydra.launcher.ray.init {kwargs}: " + "; caused by ".join(reasons)
+            f"ray.init() refused hydra.launcher.ray.init {redacted(kwargs)}: "
+            + "; caused by ".join(reasons)
         ) from exc
     _ray_initialised_here = True
 

@@ -1,0 +1,60 @@
+"""Secrets out of what the plugin prints and writes: the values of environment
+variables shipped to the jobs (`runtime_env.env_vars`), passwords, tokens and
+credentials in URLs. Only copies are changed: Ray gets the real values.
+
+Pure functions on plain data and configs; nothing heavy is imported.
+"""
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+HIDDEN = "***"
+
+# Names of keys whose value is a secret, wherever they sit (`_redis_password`,
+# `auth_token`, `aws_secret_access_key`, ...).
+_SECRET_KEY = re.compile(
+    r"password|passwd|passphrase|token|secret|credential|api_?key|access_?key", re.I
+)
+# Keys whose every value is a secret: the environment given to the jobs.
+_ALL_SECRET = frozenset({"env_vars"})
+# user:password@ in a URL (a pip index, a git remote, an S3 endpoint, ...).
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+
+
+def redacted(value: Any) -> Any:
+    """A copy of plain data (dicts, lists, strings) with every secret hidden."""
+    if isinstance(value, Mapping):
+        return {k: _redacted_item(str(k), v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redacted(v) for v in value]
+    if isinstance(value, str):
+        return _URL_USERINFO.sub(rf"\g<scheme>{HIDDEN}@", value)
+    return value
+
+
+def _redacted_item(key: str, value: Any) -> Any:
+    if key in _ALL_SECRET and isinstance(value, Mapping):
+        return {k: HIDDEN for k in value}
+    if _SECRET_KEY.search(key) and value is not None and not isinstance(value, Mapping):
+        return HIDDEN
+    return redacted(value)
+
+
+def redacted_hydra_config(hydra_cfg: DictConfig) -> DictConfig:
+    """A copy of a job's Hydra config (`JobReturn.hydra_cfg`) whose launcher
+    settings have their secrets hidden; interpolations are kept as written."""
+    launcher = OmegaConf.select(hydra_cfg, "hydra.launcher")
+    if not isinstance(launcher, DictConfig):
+        return hydra_cfg
+    plain = OmegaConf.to_container(launcher, resolve=False)
+    hidden = redacted(plain)
+    if hidden == plain:
+        return hydra_cfg
+    out = copy.deepcopy(hydra_cfg)
+    with open_dict(out):
+        out.hydra.launcher = OmegaConf.create(hidden)
+    return out

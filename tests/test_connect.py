@@ -1,0 +1,153 @@
+"""Connecting to a Ray cluster, as a user meets it in the first hour: a wrong
+address, a cluster that wants a token, Ctrl-C while Ray starts. Each answer
+comes in seconds, with the reason, and leaves nothing running."""
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import APPS, free_port, ray_head, run_app
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    """The user's environment: a HOME of their own (its ~/.ray/auth_token, if
+    any, is their token) and no RAY_AUTH_MODE, as in a fresh shell."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    return {**env, "HOME": str(home), **extra}
+
+
+def _home(tmp_path: Path, name: str, token: str | None) -> Path:
+    home = tmp_path / name
+    (home / ".ray").mkdir(parents=True)
+    if token is not None:
+        (home / ".ray" / "auth_token").write_text(token)
+    return home
+
+
+@pytest.fixture(scope="module")
+def token_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """`ray start --head` with token authentication; yields its address and token."""
+    token = secrets.token_hex(32)
+    home = _home(tmp_path_factory.mktemp("head"), "home", token)
+    with ray_head(_env(home, RAY_AUTH_MODE="token")) as (address, _):
+        yield address, token
+
+
+def test_an_address_where_nothing_listens_is_refused_in_seconds(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    res = run_app(
+        "app.py", "x=1", f"hydra.launcher.ray.init.address={address}", cwd=tmp_path, timeout=60
+    )
+    took = time.monotonic() - started
+    assert res.returncode != 0
+    # (Ray reads 127.0.0.1 as this machine's address: the message shows both.)
+    assert "No Ray cluster at" in res.output and f"address={address}" in res.output, res.output
+    assert "hydra.launcher.ray.init.address" in res.output and "Connection refused" in res.output
+    assert "Started a local Ray instance" not in res.output
+    assert took < 45, f"{took:.0f} s"  # Ray's own connect retries for minutes
+
+
+def test_a_dashboard_address_points_to_the_gcs_address(tmp_path: Path) -> None:
+    res = run_app(
+        "app.py", "x=1", "hydra.launcher.ray.init.address=http://127.0.0.1:8265", cwd=tmp_path
+    )
+    assert res.returncode != 0
+    assert "is the address of a Ray dashboard" in res.output
+    assert "Started a local Ray instance" not in res.output
+
+
+def test_this_machines_token_is_used_when_the_cluster_asks_for_one(
+    token_cluster: tuple[str, str], tmp_path: Path
+) -> None:
+    address, token = token_cluster
+    res = run_app(
+        "app.py",
+        "x=1,2",
+        f"hydra.launcher.ray.init.address={address}",
+        f"hydra.sweep.dir={tmp_path / 's'}",
+        cwd=tmp_path,
+        env=_env(_home(tmp_path, "user", token)),
+    )
+    assert res.returncode == 0, res.output
+    assert "requires a token: using this machine's (RAY_AUTH_MODE=token)" in res.output
+    assert "2 jobs done" in res.output
+
+
+@pytest.mark.parametrize(
+    ("token", "says"),
+    [
+        (None, "requires a token and this machine has none"),
+        ("not-the-token", "refused this machine's token"),
+    ],
+    ids=["no token", "wrong token"],
+)
+def test_a_missing_or_wrong_token_is_refused_in_seconds_with_the_reason(
+    token_cluster: tuple[str, str], tmp_path: Path, token: str | None, says: str
+) -> None:
+    address, _ = token_cluster
+    started = time.monotonic()
+    res = run_app(
+        "app.py",
+        "x=1",
+        f"hydra.launcher.ray.init.address={address}",
+        cwd=tmp_path,
+        env=_env(_home(tmp_path, "user", token)),
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    assert res.returncode != 0
+    assert says in res.output, res.output
+    assert "ray get-auth-token" in res.output
+    assert took < 30, f"{took:.0f} s"  # Ray alone says "Failed to connect" after 20 s
+
+
+def _session_processes(sid: int) -> list[str]:
+    ps = subprocess.run(
+        ["ps", "-e", "-ww", "-o", "pid=,sid=,stat=,args="], capture_output=True, text=True
+    )
+    rows = [line.split(None, 3) for line in ps.stdout.splitlines()]
+    return [" ".join(r) for r in rows if len(r) == 4 and int(r[1]) == sid and "Z" not in r[2]]
+
+
+@pytest.mark.parametrize("after_s", [0.5, 2.0])
+def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
+    tmp_path: Path, after_s: float
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(APPS / "app.py"), "--multirun", "x=1", "seconds=30"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        while "Initializing ray" not in seen:
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        time.sleep(after_s)
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - interrupted
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode in (130, -signal.SIGINT), seen + output
+    assert took < 5, f"{took:.1f} s from Ctrl-C to exit"
+    deadline = time.monotonic() + 5
+    while _session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _session_processes(proc.pid) == []
