@@ -4,6 +4,7 @@
 import importlib.metadata
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from hydra_plugins.hydra_ray_launcher._validate import (
     ConfigError,
     check_launch_preconditions,
     cluster_config_for_ray,
+    named_cluster,
     validate_cluster_config,
 )
 
@@ -49,7 +51,7 @@ RAY_AWS_DEFAULTS: dict[str, Any] = {
         ],
     },
     "cluster": {
-        "cluster_name": "default",
+        "cluster_name": None,
         "min_workers": 0,
         "upscaling_speed": 1.0,
         "max_workers": 1,
@@ -605,3 +607,32 @@ def test_the_plugin_ships_with_the_rich_that_draws_the_heads_display(tmp_path: P
     assert (staged / "hydra_plugins" / "hydra_ray_launcher" / "_head_driver.py").is_file()
     assert (staged / "rich" / "live.py").is_file()
     assert not list(staged.rglob("__pycache__"))
+
+
+def test_without_a_cluster_name_each_multirun_gets_its_own_named_after_the_app() -> None:
+    cluster = cluster_config_for_ray(_aws())
+    assert "cluster_name" not in cluster
+    first = named_cluster(cluster, _aws(), "My_App")
+    second = named_cluster(cluster, _aws(), "My_App")
+    assert re.fullmatch(r"hydra-my-app-[0-9a-f]{8}", first["cluster_name"])
+    assert first["cluster_name"] != second["cluster_name"]
+    validate_cluster_config(first)
+
+
+def test_a_cluster_name_given_by_the_user_is_used_as_it_is(tmp_path: Path) -> None:
+    given = _aws(cluster_name="shared-cluster")
+    assert named_cluster(cluster_config_for_ray(given), given, "app")["cluster_name"] == (
+        "shared-cluster"
+    )
+    cluster_yaml = tmp_path / "cluster.yaml"
+    cluster_yaml.write_text("cluster_name: from-yaml\nprovider: {type: local, head_ip: h}\n")
+    cfg = _structured(RayClusterLauncherConf)
+    cfg.cluster_yaml = str(cluster_yaml)
+    assert named_cluster(cluster_config_for_ray(cfg), cfg, "app")["cluster_name"] == "from-yaml"
+
+
+def test_stop_cluster_false_without_a_cluster_name_is_refused_before_anything_starts() -> None:
+    cfg = _aws()
+    cfg.stop_cluster = False
+    with pytest.raises(ConfigError, match=r"set hydra\.launcher\.ray\.cluster\.cluster_name"):
+        named_cluster(cluster_config_for_ray(cfg), cfg, "app")

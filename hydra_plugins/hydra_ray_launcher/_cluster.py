@@ -1,15 +1,20 @@
-"""The lifecycle of a cluster made by Ray's cluster launcher (`ray.autoscaler.sdk`):
-one context manager whose exit tears down what its entry created, on every path.
+"""The life of a cluster made by Ray's cluster launcher (`ray.autoscaler.sdk`):
+`ClusterLifetime` holds the multirun's one cluster, `cluster_session` creates it
+and on exit tears it down (or keeps it, when outputs are still on it), and
+`remote_temp_dir` makes the launch's private dir on the head and removes it.
 
 Ray is imported inside functions: Hydra imports this package at every start.
 """
 
+import atexit
 import logging
 import shlex
 import signal
+import subprocess
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -19,39 +24,174 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
+# Signals that end the run as Ctrl-C does, minus its "tear down anyway": kill,
+# systemd, a closed terminal or a dropped ssh session.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# After a Ctrl-C that interrupted the transfers home: how long a second Ctrl-C
+# still tears the cluster down.
+SECOND_CTRL_C_S = 10.0
+_TMP_MARK = "HYDRA_RAY_TMP="
+
+
+class ClusterCommandError(RuntimeError):
+    """A command or a transfer on the cluster failed (what Ray's SDK raised is its cause)."""
+
 
 @dataclass(frozen=True)
+class Leftovers:
+    """Outputs that are not home: the cluster, and the head's temp dir, are kept
+    for them. `commands` finish the job; `interrupted`: by Ctrl-C, so that a
+    second one tears down anyway."""
+
+    what: str
+    commands: list[str]
+    interrupted: bool
+
+
+@dataclass
 class Cluster:
-    """A running cluster, as its config identifies it to Ray's SDK."""
+    """A running cluster, as its config (and the file it was written to) identify
+    it to Ray's SDK."""
 
     config: dict[str, Any]
     run_env: str
+    config_file: Path
+    # Set when outputs did not all come home: the session keeps the cluster then.
+    leftovers: Leftovers | None = field(default=None)
 
-    def run(self, cmd: str, *, with_output: bool = False) -> str:
+    @property
+    def name(self) -> str:
+        return str(self.config["cluster_name"])
+
+    def keep_for(self, leftovers: Leftovers) -> None:
+        self.leftovers = leftovers
+
+    def run(self, cmd: str, *, with_output: bool = False, run_env: str | None = None) -> str:
         """Run a shell command on the head; its output streams to this terminal,
-        or is returned with `with_output`. Raises if the command fails."""
+        or is returned with `with_output`. Raises ClusterCommandError if it fails."""
         from ray.autoscaler import sdk
 
-        out = sdk.run_on_cluster(
-            self.config, cmd=cmd, run_env=self.run_env, with_output=with_output
-        )
+        with _named_errors(f"`{cmd}` on the cluster's head"):
+            out = sdk.run_on_cluster(
+                self.config, cmd=cmd, run_env=run_env or self.run_env, with_output=with_output
+            )
         if isinstance(out, bytes):
             return out.decode(errors="replace")
         return out or ""
 
     def rsync_up(self, source: str, target: str) -> None:
-        from ray.autoscaler import sdk
-
-        sdk.rsync(self.config, source=source, target=target, down=False)
+        self._rsync(source, target, down=False)
 
     def rsync_down(self, source: str, target: str) -> None:
+        self._rsync(source, target, down=True)
+
+    def _rsync(self, source: str, target: str, *, down: bool) -> None:
         from ray.autoscaler import sdk
 
-        sdk.rsync(self.config, source=source, target=target, down=True)
+        remote = source if down else target
+        with _named_errors(f"rsync {source} -> {target} ({'from' if down else 'to'} the head)"):
+            sdk.rsync(self.config, source=source, target=target, down=down)
+        if self._uses_docker():
+            # Ray's docker runner copies through the head *host*'s /tmp, readable by all,
+            # and leaves the copy there: the job spec holds the app's config and state.
+            staged = f"{sdk.get_docker_host_mount_location(self.name)}/{remote.strip('/')}"
+            self.run(f"rm -rf {shlex.quote(staged)}", run_env="host")
+
+    def _uses_docker(self) -> bool:
+        docker = self.config.get("docker")
+        return isinstance(docker, dict) and bool(docker.get("container_name"))
+
+    def down_command(self) -> str:
+        return f"ray down -y {shlex.quote(str(self.config_file.resolve()))}"
 
 
-def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+@contextmanager
+def _named_errors(what: str) -> Iterator[None]:
+    """Ray's SDK raises click's errors, its own, or a subprocess's for a failed
+    command (RuntimeError once the head is gone): one named error instead."""
+    import click
+    from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
+
+    try:
+        yield
+    except click.ClickException as exc:
+        raise ClusterCommandError(f"{what} failed: {exc.format_message()}") from exc
+    except (ProcessRunnerError, subprocess.CalledProcessError, RuntimeError) as exc:
+        raise ClusterCommandError(f"{what} failed: {exc}") from exc
+
+
+@dataclass
+class RemoteTmp:
+    """The launch's private temp dir on the head; `keep()` leaves it in place."""
+
+    path: str
+    kept: bool = False
+
+    def keep(self) -> None:
+        self.kept = True
+
+
+@contextmanager
+def remote_temp_dir(cluster: Cluster) -> Iterator[RemoteTmp]:
+    """A temp dir on the head, private to the user (mktemp makes it mode 700),
+    removed on exit unless kept (it then holds outputs that are not home)."""
+    out = cluster.run(
+        f'd=$(mktemp -d /tmp/hydra-ray-XXXXXXXX) && echo "{_TMP_MARK}$d"', with_output=True
+    )
+    paths = [line[len(_TMP_MARK) :].strip() for line in out.splitlines() if _TMP_MARK in line]
+    if not paths:
+        raise ClusterCommandError(f"could not make a temp dir on the cluster's head: {out!r}")
+    tmp = RemoteTmp(paths[0])
+    log.info(f"Remote temp dir on the head: {tmp.path}")
+    try:
+        yield tmp
+    finally:
+        if tmp.kept:
+            log.warning(f"Kept the head's temp dir {tmp.path}: it holds outputs not yet home")
+        else:
+            try:
+                cluster.run(f"rm -rf {shlex.quote(tmp.path)}")
+            except ClusterCommandError as exc:  # never mask the error that ends the run
+                log.warning(f"Could not remove the remote temp dir {tmp.path}: {exc}")
+
+
+class ClusterLifetime:
+    """The multirun's one cluster: created at the first `get()`, reused by the
+    next batches, and torn down (or kept, as configured or for outputs not yet
+    home) by `close()`: at the end of the multirun, at once on an error, and
+    at interpreter exit only as a last resort."""
+
+    def __init__(self, launcher: DictConfig, cluster_config: dict[str, Any]) -> None:
+        self._launcher = launcher
+        self._cluster_config = cluster_config
+        self._cluster: Cluster | None = None
+        self._stack = ExitStack()
+
+    def get(self, config_file: Path) -> Cluster:
+        if self._cluster is None:
+            atexit.register(self.close)
+            self._cluster = self._stack.enter_context(
+                cluster_session(self._launcher, self._cluster_config, config_file)
+            )
+        return self._cluster
+
+    def close(self) -> None:
+        self._cluster = None
+        self._stack.close()
+
+
+def _raise_system_exit(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _stop_signals(handler: Any) -> Iterator[None]:
+    previous = {sig: signal.signal(sig, handler) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextmanager
@@ -59,8 +199,9 @@ def cluster_session(
     launcher: DictConfig, cluster_config: dict[str, Any], config_file: Path
 ) -> Iterator[Cluster]:
     """Create or update the cluster, yield it, and on exit tear it down
-    (`stop_cluster=true`) or say how to (`stop_cluster=false`), whatever happened
-    in between: an error, a failed job, Ctrl-C or SIGTERM."""
+    (`stop_cluster=true`) or say how to (`stop_cluster=false`, or outputs not
+    yet home), whatever happened in between: an error, a failed job, Ctrl-C,
+    SIGTERM or SIGHUP."""
     from ray.autoscaler import sdk
 
     sdk.configure_logging(
@@ -68,58 +209,96 @@ def cluster_session(
         color_mode=str(launcher.logging.color_mode).lower(),
         verbosity=launcher.logging.verbosity,
     )
-    name = cluster_config.get("cluster_name", "default")
-    # SIGTERM would end the process without running this exit: make it an exception.
-    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    config_file.parent.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(yaml.safe_dump(cluster_config, sort_keys=False))
-    try:
-        opts = launcher.create_update_cluster
-        log.info(
-            f"Creating or updating cluster {name!r} (no_restart={opts.no_restart}, "
-            f"restart_only={opts.restart_only}, no_config_cache={opts.no_config_cache})"
-        )
-        # The written file, not the dict: Ray's own hints ("ray down ...") then name
-        # a file that exists.
-        sdk.create_or_update_cluster(
-            str(config_file),
-            no_restart=opts.no_restart,
-            restart_only=opts.restart_only,
-            no_config_cache=opts.no_config_cache,
-        )
-        yield Cluster(config=cluster_config, run_env=launcher.ray.run_env)
-    finally:
+    cluster = Cluster(config=cluster_config, run_env=launcher.ray.run_env, config_file=config_file)
+    # SIGTERM/SIGHUP would end the process without running this exit: make them
+    # exceptions, which every `finally` on the way sees (the outputs still come home).
+    with _stop_signals(_raise_system_exit):
+        config_file.parent.mkdir(parents=True, exist_ok=True)
+        config_file.write_text(yaml.safe_dump(cluster_config, sort_keys=False))
         try:
-            _stop_or_keep(launcher, cluster_config, config_file)
+            opts = launcher.create_update_cluster
+            log.info(
+                f"Creating or updating cluster {cluster.name!r} (no_restart={opts.no_restart}, "
+                f"restart_only={opts.restart_only}, no_config_cache={opts.no_config_cache})"
+            )
+            # The written file, not the dict: Ray's own hints ("ray down ...") then name
+            # a file that exists.
+            sdk.create_or_update_cluster(
+                str(config_file),
+                no_restart=opts.no_restart,
+                restart_only=opts.restart_only,
+                no_config_cache=opts.no_config_cache,
+            )
+            yield cluster
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            _stop_or_keep(launcher, cluster)
 
 
-def _stop_or_keep(launcher: DictConfig, cluster_config: dict[str, Any], config_file: Path) -> None:
-    from ray.autoscaler import sdk
-
-    name = cluster_config.get("cluster_name", "default")
-    down = f"ray down -y {shlex.quote(str(config_file.resolve()))}"
-    if not launcher.stop_cluster:
+def _stop_or_keep(launcher: DictConfig, cluster: Cluster) -> None:
+    if cluster.leftovers is not None:
+        _keep_for_leftovers(launcher, cluster, cluster.leftovers)
+    elif not launcher.stop_cluster:
         log.warning(
-            f"Cluster {name!r} keeps running (stop_cluster=false) and costs money until "
-            f"it is torn down: {down}"
+            f"Cluster {cluster.name!r} keeps running (stop_cluster=false) and costs money until "
+            f"it is torn down: {cluster.down_command()}"
         )
+    else:
+        _teardown(launcher, cluster)
+
+
+def _keep_for_leftovers(launcher: DictConfig, cluster: Cluster, leftovers: Leftovers) -> None:
+    steps = "\n".join(f"    {cmd}" for cmd in [*leftovers.commands, cluster.down_command()])
+    message = (
+        f"NOT ALL OUTPUTS ARE HOME: {leftovers.what}. Cluster {cluster.name!r} is kept "
+        f"running (and costing) with them. To bring them home and then tear it down, "
+        f"run (from this directory, where this run could reach the cluster):\n{steps}"
+    )
+    if not (leftovers.interrupted and launcher.stop_cluster):
+        log.error(message)
         return
-    teardown = launcher.teardown_cluster
-    cached = bool(cluster_config.get("provider", {}).get("cache_stopped_nodes", False))
-    log.info(
-        f"Stopping cluster {name!r} now (stop_cluster=true, "
-        f"workers_only={teardown.workers_only}, keep_min_workers={teardown.keep_min_workers})"
+    log.error(
+        f"{message}\nCtrl-C again within {SECOND_CTRL_C_S:.0f} s tears the cluster down "
+        "anyway: what did not come home is then lost with it."
     )
     try:
-        sdk.teardown_cluster(
-            str(config_file),
-            workers_only=teardown.workers_only,
-            keep_min_workers=teardown.keep_min_workers,
+        time.sleep(SECOND_CTRL_C_S)
+    except KeyboardInterrupt:
+        log.warning("Second Ctrl-C: tearing the cluster down anyway")
+        _teardown(launcher, cluster)
+    else:
+        log.error(
+            f"Cluster {cluster.name!r} keeps running: tear it down with {cluster.down_command()}"
         )
-    except BaseException:
-        log.error(f"Tearing down cluster {name!r} failed: run `{down}` to stop paying for it")
-        raise
+    # As a shell reports an interrupted command, whichever way Python would end.
+    raise SystemExit(128 + signal.SIGINT)
+
+
+def _teardown(launcher: DictConfig, cluster: Cluster) -> None:
+    from ray.autoscaler import sdk
+
+    teardown = launcher.teardown_cluster
+    cached = bool(cluster.config.get("provider", {}).get("cache_stopped_nodes", False))
+    log.info(
+        f"Stopping cluster {cluster.name!r} now (stop_cluster=true, "
+        f"workers_only={teardown.workers_only}, keep_min_workers={teardown.keep_min_workers})"
+    )
+    stop: list[int] = []
+    # A SIGTERM or SIGHUP now would leave a half torn-down cluster: the teardown
+    # ends first, then the signal ends the run.
+    with _stop_signals(lambda signum, frame: stop.append(signum)):
+        try:
+            sdk.teardown_cluster(
+                str(cluster.config_file),
+                workers_only=teardown.workers_only,
+                keep_min_workers=teardown.keep_min_workers,
+            )
+        except BaseException:
+            log.error(
+                f"Tearing down cluster {cluster.name!r} failed: run `{cluster.down_command()}` "
+                "to stop paying for it"
+            )
+            raise
     what = "Stopped the nodes of" if cached else "Deleted"
     log.info(f"{what} the cluster (provider.cache_stopped_nodes={str(cached).lower()})")
+    if stop:
+        raise SystemExit(128 + stop[0])

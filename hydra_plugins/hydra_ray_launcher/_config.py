@@ -134,7 +134,9 @@ class RayClusterConf:
     with `+hydra.launcher.ray.cluster.KEY=VALUE` (e.g. rsync_exclude)."""
 
     # Names the cluster's nodes: a second launch with the same name reuses them.
-    cluster_name: str | None = "default"
+    # null: a name unique to the multirun, hydra-<app name>-<8 hex> (set one to
+    # reuse a cluster, e.g. with stop_cluster=false).
+    cluster_name: str | None = None
     # Legacy global minimum of workers; Ray now reads min_workers per node type
     # (except for provider local, where it is the number of worker_ips to use).
     min_workers: int | None = 0

@@ -2,21 +2,32 @@
 get a cluster, ship the job spec and the code, run the engine on the head,
 bring the job returns and every job's outputs home."""
 
+import json
 import logging
+import os
 import shlex
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 from omegaconf import DictConfig
 
+from ._cluster import (
+    Cluster,
+    ClusterCommandError,
+    ClusterLifetime,
+    Leftovers,
+    RemoteTmp,
+    remote_temp_dir,
+)
 from ._engine import Job
-from ._head_driver import PLUGIN_DIR, JobSpec, load_outcomes
+from ._head_driver import GATHER_REPORT, PLUGIN_DIR, JobSpec, load_outcomes
 from ._jobs import JobOutcome, capture_sweep_state
 from ._records import RECORD_DIR
 from ._sweep import SweepBook, run_batch, sweep_settings
@@ -24,21 +35,28 @@ from ._sync import rsync_command
 from ._validate import (
     check_launch_preconditions,
     cluster_config_for_ray,
+    named_cluster,
     plain_dict,
     validate_cluster_config,
 )
 
 if TYPE_CHECKING:
-    from ._cluster import Cluster
     from .ray_aws_launcher import RayAWSLauncher
 
 log = logging.getLogger(__name__)
 
-_TMP_MARK = "HYDRA_RAY_TMP="
+# The driver's returns file, in its working dir (the head's temp dir).
+_RETURNS = "returns.pkl"
+_REPORT_MARK = "HYDRA_RAY_GATHER_REPORT="
+_FOUND = "HYDRA_RAY_FOUND"
 
 
 class RemoteDriverError(RuntimeError):
     """The driver on the cluster's head ended without returning the jobs' results."""
+
+
+class OutputsNotHomeError(RuntimeError):
+    """Outputs of the sweep did not come home: the cluster is kept with them."""
 
 
 def launch(
@@ -51,17 +69,20 @@ def launch(
     settings: DictConfig = config.hydra.launcher
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    if launcher.cluster_config is None:
+    if launcher.lifetime is None:
         # Everything that can be refused is refused here, before anything costs.
         sweep = sweep_settings(settings)
         check_launch_preconditions(settings)
-        cluster_config = cluster_config_for_ray(settings)
+        cluster_config = named_cluster(
+            cluster_config_for_ray(settings), settings, str(config.hydra.job.name)
+        )
         validate_cluster_config(cluster_config)
-        launcher.cluster_config = cluster_config
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         launcher.book = SweepBook(sweep_dir, list(config.hydra.overrides.task), sweep)
+        launcher.lifetime = ClusterLifetime(settings, cluster_config)
     book = launcher.book
+    lifetime = launcher.lifetime
     assert book is not None
 
     def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
@@ -86,39 +107,32 @@ def launch(
             width=shutil.get_terminal_size().columns if book.settings.live else None,
             already_done=already_done,
         )
-        return _run_on_cluster(launcher, spec, settings, book.sweep_dir)
+        return _run_on_cluster(lifetime, spec, settings, book.sweep_dir)
 
     return run_batch(book, job_overrides, initial_job_idx, run)
 
 
 def _run_on_cluster(
-    launcher: "RayAWSLauncher", spec: JobSpec, settings: DictConfig, sweep_dir: Path
+    lifetime: ClusterLifetime, spec: JobSpec, settings: DictConfig, sweep_dir: Path
 ) -> list[JobOutcome]:
     with tempfile.TemporaryDirectory(prefix="hydra-ray-") as tmp:
         local_tmp = Path(tmp)
         spec_file = local_tmp / "job_spec.pkl"
-        spec_file.write_bytes(cloudpickle.dumps(spec))
+        # It holds the app's config and state: for this user only.
+        with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(cloudpickle.dumps(spec))
         log.info(f"Pickle for jobs: {spec_file}")
-        cluster = launcher.cluster(sweep_dir / ".hydra" / "ray_cluster.yaml")
-        remote_tmp = _make_remote_tmp(cluster)
-        try:
-            _ship_plugin(cluster, remote_tmp, local_tmp)
-            _sync_up(cluster, settings.sync_up, remote_tmp, local_tmp)
-            cluster.rsync_up(str(spec_file), f"{remote_tmp}/job_spec.pkl")
-            finished = False
+        cluster = lifetime.get(sweep_dir / ".hydra" / "ray_cluster.yaml")
+        with remote_temp_dir(cluster) as remote_tmp:
+            _ship_plugin(cluster, remote_tmp.path, local_tmp)
+            _sync_up(cluster, settings.sync_up, remote_tmp.path, local_tmp)
+            cluster.rsync_up(str(spec_file), f"{remote_tmp.path}/job_spec.pkl")
             try:
-                _run_head_driver(cluster, remote_tmp, spec.code_dir)
-                finished = True
+                _run_head_driver(cluster, remote_tmp.path, spec.code_dir)
             finally:
-                # Whatever finished is brought home, also when the driver failed.
-                if not finished:
-                    _gather_after_failure(cluster, remote_tmp, sweep_dir)
-                _sync_down(cluster, settings.sync_down, remote_tmp, sweep_dir)
-                _sync_records(cluster, remote_tmp, sweep_dir)
-            cluster.rsync_down(f"{remote_tmp}/returns.pkl", str(local_tmp / "returns.pkl"))
-            return load_outcomes(str(local_tmp / "returns.pkl"))
-        finally:
-            _remove_remote_tmp(cluster, remote_tmp)
+                # Whatever finished comes home, also when the driver failed or was stopped.
+                returns = _bring_home(cluster, remote_tmp, settings.sync_down, sweep_dir, local_tmp)
+            return load_outcomes(str(returns))
 
 
 def _code_dir(sync: DictConfig) -> str | None:
@@ -129,27 +143,7 @@ def _code_dir(sync: DictConfig) -> str | None:
     return str(sync.target_dir) if sync.target_dir is not None else "code"
 
 
-def _make_remote_tmp(cluster: "Cluster") -> str:
-    """A temp dir on the head, private to the user (mktemp makes it mode 700)."""
-    out = cluster.run(
-        f'd=$(mktemp -d /tmp/hydra-ray-XXXXXXXX) && echo "{_TMP_MARK}$d"', with_output=True
-    )
-    for line in out.splitlines():
-        if line.startswith(_TMP_MARK):
-            path = line[len(_TMP_MARK) :].strip()
-            log.info(f"Remote temp dir on the head: {path}")
-            return path
-    raise RemoteDriverError(f"could not make a temp dir on the cluster's head: {out!r}")
-
-
-def _remove_remote_tmp(cluster: "Cluster", remote_tmp: str) -> None:
-    try:
-        cluster.run(f"rm -rf {shlex.quote(remote_tmp)}")
-    except Exception as exc:  # the cluster may be gone already; never mask the real error
-        log.warning(f"Could not remove the remote temp dir {remote_tmp}: {exc}")
-
-
-def _ship_plugin(cluster: "Cluster", remote_tmp: str, local_tmp: Path) -> None:
+def _ship_plugin(cluster: Cluster, remote_tmp: str, local_tmp: Path) -> None:
     """Send this plugin's own source: the head driver and the jobs on every node
     run the very code of the launching machine, whatever version is installed there.
     rich (pure Python), which draws the head driver's display, goes with it: the
@@ -169,7 +163,7 @@ def _ship_plugin(cluster: "Cluster", remote_tmp: str, local_tmp: Path) -> None:
     cluster.rsync_up(f"{staged}/", f"{remote_tmp}/{PLUGIN_DIR}/")
 
 
-def _sync_up(cluster: "Cluster", sync: DictConfig, remote_tmp: str, local_tmp: Path) -> None:
+def _sync_up(cluster: Cluster, sync: DictConfig, remote_tmp: str, local_tmp: Path) -> None:
     """rsync the user's code to the head, filtered by include/exclude; the jobs on
     every node get it on their sys.path."""
     code_dir = _code_dir(sync)
@@ -204,72 +198,172 @@ def _head_driver_command(remote_tmp: str, args: str, code_dir: str | None = None
     )
 
 
-def _run_head_driver(cluster: "Cluster", remote_tmp: str, code_dir: str | None) -> None:
+def _run_head_driver(cluster: Cluster, remote_tmp: str, code_dir: str | None) -> None:
     tmp = shlex.quote(remote_tmp)
-    cmd = _head_driver_command(remote_tmp, f"{tmp}/job_spec.pkl {tmp}/returns.pkl", code_dir)
+    cmd = _head_driver_command(remote_tmp, f"{tmp}/job_spec.pkl {tmp}/{_RETURNS}", code_dir)
     log.info("Running the jobs from the cluster's head")
     try:
         cluster.run(cmd)
-    except (Exception, SystemExit) as exc:
+    except ClusterCommandError as exc:
         raise RemoteDriverError(
             f"The driver on the cluster's head failed ({exc}); its output is above. "
             "Outputs of the jobs that finished were synced down."
         ) from exc
 
 
-def _gather_after_failure(cluster: "Cluster", remote_tmp: str, sweep_dir: Path) -> None:
-    """The driver did not finish: stop it if it still runs, and gather onto the
-    head what the finished jobs wrote on other nodes (and remove it there)."""
-    cmd = _head_driver_command(remote_tmp, f"gather {shlex.quote(str(sweep_dir))}")
-    log.warning("Gathering the outputs of the jobs that finished on the cluster's nodes")
+@dataclass(frozen=True)
+class _Transfer:
+    """An rsync from the head to this machine, and the command that does it by hand."""
+
+    what: str
+    source: str
+    target: Path
+
+    def run(self, cluster: Cluster) -> None:
+        self.target.mkdir(parents=True, exist_ok=True)
+        cluster.rsync_down(f"{self.source}/", f"{self.target}/")
+
+    def command(self, cluster: Cluster) -> str:
+        config = str(cluster.config_file.resolve())
+        return shlex.join(
+            ["ray", "rsync-down", config, f"{self.source}/", f"{self.target.resolve()}/"]
+        )
+
+
+def _bring_home(
+    cluster: Cluster, remote_tmp: RemoteTmp, sync: DictConfig, sweep_dir: Path, local_tmp: Path
+) -> Path:
+    """Bring home, in this order, the jobs' records (small; resume decides from
+    them), the returns (the sweeper's results) and the outputs; return where the
+    returns are (absent if the driver did not finish).
+
+    The one place that decides what to keep: when the outputs did not all reach
+    the head, or a transfer fails or is interrupted (Ctrl-C, SIGTERM, SIGHUP),
+    nothing is deleted: the cluster and the head's temp dir are kept, and the
+    cluster session prints the commands that finish the job."""
+    returns = local_tmp / _RETURNS
+    head_sweep = _head_sweep_dir(remote_tmp.path, sweep_dir)
+    records = _Transfer("the jobs' records", f"{head_sweep}/{RECORD_DIR}", sweep_dir / RECORD_DIR)
+    target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
+    source = str(sync.source_dir) if sync.source_dir is not None else head_sweep
+    outputs = _Transfer("the outputs", source, target)
+    pending = [records, outputs]
+    left = ""
     try:
-        cluster.run(cmd)
-    except (Exception, SystemExit) as exc:
-        log.error(f"Could not gather the outputs on the cluster's nodes: {exc}")
+        left = _gathered(cluster, remote_tmp.path, sweep_dir)
+        cluster.run(f"mkdir -p {shlex.quote(records.source)}")
+        records.run(cluster)
+        pending.remove(records)
+        if _head_has(cluster, f"{remote_tmp.path}/{_RETURNS}"):
+            cluster.rsync_down(f"{remote_tmp.path}/{_RETURNS}", str(returns))
+        log.info(f"Bringing home the outputs: the head's {source} to {target}")
+        if sync.include or sync.exclude:
+            # Filter on the head, so that only what is wanted crosses the network.
+            outputs = _Transfer("the outputs", f"{remote_tmp.path}/down", target)
+            pending = [outputs]
+            filter_cmd = rsync_command(
+                f"{source}/",
+                f"{outputs.source}/",
+                include=list(sync.include),
+                exclude=list(sync.exclude),
+            )
+            cluster.run(f"mkdir -p {shlex.quote(outputs.source)} && {shlex.join(filter_cmd)}")
+        outputs.run(cluster)
+        pending.remove(outputs)
+    except (ClusterCommandError, OSError) as exc:  # OSError: the local target
+        _keep(cluster, remote_tmp, sweep_dir, pending, f"{exc}{left}", gather=bool(left))
+        raise OutputsNotHomeError(
+            f"{' and '.join(t.what for t in pending)} did not come home ({exc}); the cluster "
+            "is kept with them, and the commands that bring them home are above"
+        ) from exc
+    except KeyboardInterrupt:
+        why = f"Ctrl-C interrupted the transfers home{left}"
+        _keep(cluster, remote_tmp, sweep_dir, pending, why, gather=bool(left), interrupted=True)
+        raise
+    except SystemExit:
+        why = f"a signal stopped the transfers home{left}"
+        _keep(cluster, remote_tmp, sweep_dir, pending, why, gather=bool(left))
+        raise
+    log.info(
+        f"Synced down the head's {outputs.source} to {target} "
+        f"(include={list(sync.include)}, exclude={list(sync.exclude)})"
+    )
+    if left:
+        _keep(cluster, remote_tmp, sweep_dir, [outputs], left.lstrip("; "), gather=True)
+        raise OutputsNotHomeError(
+            f"Not every job's outputs came home: {left.lstrip('; ')}; the cluster is kept "
+            "with them, and the commands that bring them home are above"
+        )
+    return returns
+
+
+def _keep(
+    cluster: Cluster,
+    remote_tmp: RemoteTmp,
+    sweep_dir: Path,
+    pending: list[_Transfer],
+    what: str,
+    *,
+    gather: bool,
+    interrupted: bool = False,
+) -> None:
+    remote_tmp.keep()
+    commands = [t.command(cluster) for t in pending]
+    if gather:
+        # First onto the head what is still on other nodes.
+        gather_cmd = _gather_command(remote_tmp.path, sweep_dir)
+        config = str(cluster.config_file.resolve())
+        commands.insert(0, shlex.join(["ray", "exec", config, gather_cmd]))
+    cluster.keep_for(Leftovers(what=what, commands=commands, interrupted=interrupted))
+
+
+def _gather_command(remote_tmp: str, sweep_dir: Path) -> str:
+    return _head_driver_command(remote_tmp, f"gather {shlex.quote(str(sweep_dir))}")
+
+
+def _gathered(cluster: Cluster, remote_tmp: str, sweep_dir: Path) -> str:
+    """Make sure every node's outputs are on the head: the driver's gather report
+    says so, or the driver did not finish (or not its gather) and `gather` runs
+    (it stops the driver if it still runs). Returns what is still on other
+    nodes ("; ..."), or "" when everything is on the head."""
+    report = _gather_report(cluster, remote_tmp)
+    if report is None or not report.get("complete"):
+        log.warning("Gathering the outputs of the jobs that finished on the cluster's nodes")
+        try:
+            cluster.run(_gather_command(remote_tmp, sweep_dir))
+        except ClusterCommandError as exc:
+            log.error(f"Could not gather the outputs on the cluster's nodes: {exc}")
+        report = _gather_report(cluster, remote_tmp)
+    if report is None:
+        return "; the outputs on the cluster's other nodes could not be gathered onto the head"
+    if not report.get("complete"):
+        nodes = ", ".join(
+            f"{entry.get('node')} ({', '.join(map(str, entry.get('paths', [])))})"
+            for entry in report.get("left", [])
+        )
+        return f"; outputs are still on other nodes of the cluster: {nodes or 'unknown'}"
+    return ""
+
+
+def _gather_report(cluster: Cluster, remote_tmp: str) -> dict[str, Any] | None:
+    path = shlex.quote(f"{remote_tmp}/{GATHER_REPORT}")
+    out = cluster.run(
+        f'if [ -f {path} ]; then echo "{_REPORT_MARK}$(cat {path})"; fi', with_output=True
+    )
+    for line in out.splitlines():
+        if line.startswith(_REPORT_MARK):
+            try:
+                report = json.loads(line[len(_REPORT_MARK) :])
+            except json.JSONDecodeError:
+                return None
+            return report if isinstance(report, dict) else None
+    return None
+
+
+def _head_has(cluster: Cluster, path: str) -> bool:
+    out = cluster.run(f"if [ -f {shlex.quote(path)} ]; then echo {_FOUND}; fi", with_output=True)
+    return _FOUND in out.split()
 
 
 def _head_sweep_dir(remote_tmp: str, sweep_dir: Path) -> str:
     return str(sweep_dir) if sweep_dir.is_absolute() else f"{remote_tmp}/{sweep_dir}"
-
-
-def _sync_records(cluster: "Cluster", remote_tmp: str, sweep_dir: Path) -> None:
-    """Bring the jobs' records home whatever sync_down filters: resume decides
-    here, from them."""
-    source = f"{_head_sweep_dir(remote_tmp, sweep_dir)}/{RECORD_DIR}"
-    try:
-        cluster.run(f"mkdir -p {shlex.quote(source)}")
-        cluster.rsync_down(f"{source}/", f"{sweep_dir / RECORD_DIR}/")
-    except (Exception, SystemExit) as exc:
-        log.error(f"Could not bring the jobs' records home from {source}: {exc}")
-
-
-def _sync_down(cluster: "Cluster", sync: DictConfig, remote_tmp: str, sweep_dir: Path) -> None:
-    """rsync the outputs (by default the sweep dir on the head, which holds every
-    node's outputs) to the local sweep dir, filtered by include/exclude."""
-    if sync.source_dir is not None:
-        source = str(sync.source_dir)
-    else:
-        source = _head_sweep_dir(remote_tmp, sweep_dir)
-    target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
-    target.mkdir(parents=True, exist_ok=True)
-    if sync.include or sync.exclude:
-        # Filter on the head, so that only what is wanted crosses the network.
-        staged = f"{remote_tmp}/down"
-        filter_cmd = rsync_command(
-            f"{source}/", f"{staged}/", include=list(sync.include), exclude=list(sync.exclude)
-        )
-        try:
-            cluster.run(f"mkdir -p {shlex.quote(staged)} && {shlex.join(filter_cmd)}")
-        except (Exception, SystemExit) as exc:
-            log.error(f"Could not sync down {source}: {exc}")
-            return
-        source = staged
-    try:
-        cluster.rsync_down(f"{source}/", f"{target}/")
-    except (Exception, SystemExit) as exc:
-        log.error(f"Could not sync down {source}: {exc}")
-        return
-    log.info(
-        f"Synced down the head's {source} to {target} "
-        f"(include={list(sync.include)}, exclude={list(sync.exclude)})"
-    )

@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import re
+import secrets
 import shlex
 import shutil
 from collections.abc import Mapping
@@ -126,6 +127,31 @@ def cluster_config_for_ray(launcher_cfg: DictConfig) -> dict[str, Any]:
         *cluster.get("setup_commands", []),
     ]
     return cluster
+
+
+def named_cluster(
+    cluster: Mapping[str, Any], launcher_cfg: DictConfig, app_name: str
+) -> dict[str, Any]:
+    """`cluster` with its `cluster_name`: the user's (ray.cluster or cluster_yaml),
+    used as it is, else one unique to this multirun, `hydra-<app>-<8 hex>`, so that
+    two sweeps never share (and tear down) one cluster by accident. Call it once
+    per multirun. Raises ConfigError for stop_cluster=false without a name: the
+    next run could not find the kept cluster and would start (and pay for) a second."""
+    if cluster.get("cluster_name"):
+        return dict(cluster)
+    if not launcher_cfg.stop_cluster:
+        raise ConfigError(
+            "hydra.launcher.stop_cluster=false keeps the cluster for the next run, which "
+            "finds it by its name, but no name is given: set "
+            f"{_CLUSTER_KEY}.cluster_name (or cluster_name in hydra.launcher.cluster_yaml)"
+        )
+    app = re.sub(r"[^a-z0-9]+", "-", app_name.lower()).strip("-")[:20].strip("-") or "app"
+    name = f"hydra-{app}-{secrets.token_hex(4)}"
+    log.info(
+        f"Cluster name {name!r}, unique to this multirun (set {_CLUSTER_KEY}.cluster_name "
+        "to choose one)"
+    )
+    return {**cluster, "cluster_name": name}
 
 
 def _load_cluster_yaml(path: str | None) -> dict[str, Any]:

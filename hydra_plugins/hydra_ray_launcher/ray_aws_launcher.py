@@ -2,19 +2,17 @@
 with Ray's cluster launcher, runs the sweep there, brings every job's outputs
 home, and tears the cluster down."""
 
-import atexit
 from collections.abc import Sequence
-from contextlib import ExitStack
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn
+from hydra.experimental.callback import Callback
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 if TYPE_CHECKING:
-    from ._cluster import Cluster
+    from ._cluster import ClusterLifetime
     from ._sweep import SweepBook
 
 
@@ -24,14 +22,10 @@ class RayAWSLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self.config: DictConfig | None = None
-        # The plain dict Ray's cluster launcher gets, checked at the first launch().
-        self.cluster_config: dict[str, Any] | None = None
         # The sweep's jobs and outcomes across batches (summary, resume).
         self.book: SweepBook | None = None
-        # One cluster per multirun: created at the first launch(), reused by the
-        # next batches, torn down when the process ends (or on an error, at once).
-        self._cluster: Cluster | None = None
-        self._lifecycle = ExitStack()
+        # The multirun's one cluster, made at the first launch() (see _cluster.py).
+        self.lifetime: ClusterLifetime | None = None
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -39,6 +33,9 @@ class RayAWSLauncher(Launcher):
         self.hydra_context = hydra_context
         self.task_function = task_function
         self.config = config
+        callbacks = hydra_context.callbacks.callbacks
+        if not any(isinstance(c, _CloseAtMultirunEnd) for c in callbacks):
+            callbacks.append(_CloseAtMultirunEnd(self))
 
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
@@ -52,19 +49,26 @@ class RayAWSLauncher(Launcher):
             self.close()
             raise
 
-    def cluster(self, config_file: Path) -> "Cluster":
-        """The multirun's cluster, created at the first call."""
-        if self._cluster is None:
-            from ._cluster import cluster_session
-
-            assert self.config is not None and self.cluster_config is not None
-            atexit.register(self.close)
-            self._cluster = self._lifecycle.enter_context(
-                cluster_session(self.config.hydra.launcher, self.cluster_config, config_file)
-            )
-        return self._cluster
-
     def close(self) -> None:
         """Tear down (or keep, as configured) the cluster this launcher created."""
-        self._cluster = None
-        self._lifecycle.close()
+        if self.lifetime is not None:
+            self.lifetime.close()
+
+
+class _CloseAtMultirunEnd(Callback):
+    """Hydra calls on_multirun_end once the sweeper is done with every batch:
+    the cluster goes then, while Python is fully alive (Ray's teardown of a
+    docker cluster uses a thread pool, refused once the interpreter exits)."""
+
+    def __init__(self, launcher: RayAWSLauncher) -> None:
+        self._launcher = launcher
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self._launcher.close()
+        except Exception as exc:  # Hydra would only warn, and the run would exit 0
+            raise SystemExit(f"Tearing down the cluster failed: {exc}") from exc
+
+    def __reduce__(self) -> tuple[type[Callback], tuple[()]]:
+        # Hydra's context travels with the job spec to the jobs: a no-op there.
+        return (Callback, ())

@@ -8,26 +8,34 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
-from ..cluster_harness.fake_hosts import FakeHosts, launcher_env
+from ..cluster_harness.fake_hosts import FakeHosts, launcher_env, thread_pool_teardown_env
 from .test_cluster_launcher import REPO, _cluster_yaml, _no_leftovers, _run_test_app
 
 
 class RunningApp:
     """A sweep running in the fake hosts' netns, its output read as it comes."""
 
-    def __init__(self, hosts: FakeHosts, tmp_path: Path, *args: str) -> None:
+    def __init__(
+        self,
+        hosts: FakeHosts,
+        tmp_path: Path,
+        *args: str,
+        script: str = "app.py",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """`python SCRIPT --multirun ARGS` (of tests/apps), `env` added to its environment."""
         app = tmp_path / "app"
         shutil.copytree(REPO / "tests" / "apps", app)
         self.tmp_path = tmp_path
         self.lines: list[str] = []
         self.proc = hosts.popen_in_netns(
-            [sys.executable, "app.py", "--multirun", *args, "hydra.launcher.env_setup.commands=[]"],
-            env=launcher_env(tmp_path),
+            [sys.executable, script, "--multirun", *args, "hydra.launcher.env_setup.commands=[]"],
+            env=launcher_env(tmp_path, env),
             cwd=app,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -134,7 +142,25 @@ def test_ctrl_c_during_the_remote_run_tears_down(
     _finished_jobs_came_home(fake_hosts, sleepy_sweep)
 
 
-def test_batched_sweeper_creates_the_cluster_once(fake_hosts: FakeHosts, tmp_path: Path) -> None:
+def test_sighup_mid_sweep_brings_the_finished_jobs_home_and_tears_down(
+    fake_hosts: FakeHosts, sleepy_sweep: RunningApp
+) -> None:
+    """The terminal closed or the ssh session dropped: as SIGTERM, not a cluster left running."""
+    sleepy_sweep.proc.send_signal(signal.SIGHUP)
+    assert sleepy_sweep.wait(timeout=120) != 0
+    _finished_jobs_came_home(fake_hosts, sleepy_sweep)
+
+
+def _torn_down_while_python_was_alive(output: str) -> None:
+    """With Ray's teardown going through a thread pool (as for docker clusters), the
+    teardown ran before the interpreter's exit, which refuses thread-pool work."""
+    assert "cannot schedule new futures" not in output, output
+    assert "Deleted the cluster" in output, output
+
+
+def test_batched_sweeper_creates_the_cluster_once_and_tears_it_down_after_the_last_batch(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
     sweep = tmp_path / "sweep"
     res = _run_test_app(
         fake_hosts,
@@ -143,11 +169,13 @@ def test_batched_sweeper_creates_the_cluster_once(fake_hosts: FakeHosts, tmp_pat
         "x=1,2,3,4",
         "hydra/sweeper=basic",
         "hydra.sweeper.max_batch_size=2",
+        env=thread_pool_teardown_env(),
     )
     assert res.returncode == 0, res.stdout
     assert res.stdout.count("Ray Launcher is launching 2 jobs") == 2
     assert res.stdout.count("Creating or updating cluster") == 1
     assert res.stdout.count("Stopping cluster") == 1
+    _torn_down_while_python_was_alive(res.stdout)
     for num in range(4):
         assert (sweep / str(num) / f"done_{num}.json").is_file()
     _no_leftovers(fake_hosts)

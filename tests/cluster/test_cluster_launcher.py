@@ -8,6 +8,7 @@ import re
 import secrets
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,39 +16,60 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from ..cluster_harness.fake_hosts import FakeHosts, launcher_env, unique_cluster_name
+from ..cluster_harness.fake_hosts import (
+    FakeHosts,
+    launcher_env,
+    ssh_control_dir,
+    thread_pool_teardown_env,
+    unique_cluster_name,
+)
 from ..conftest import run_in_pty
 
 REPO = Path(__file__).parents[2]
 EXAMPLE = REPO / "examples" / "upload_download"
 
 
-def _cluster_yaml(hosts: FakeHosts, tmp_path: Path, prefix: str) -> Path:
+def _cluster_yaml(hosts: FakeHosts, tmp_path: Path, prefix: str, *, named: bool = True) -> Path:
     """A provider-local cluster whose head runs no jobs (0 CPUs): every job runs on
-    the worker, so its outputs exist only on the worker's disk."""
+    the worker, so its outputs exist only on the worker's disk. Not `named`: the
+    launcher names it."""
     config = hosts.local_cluster_config(
         unique_cluster_name(prefix),
         num_cpus=2,
         head_args=["--num-cpus=0", "--include-dashboard=false"],
     )
+    if not named:
+        del config["cluster_name"]
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-def _run(hosts: FakeHosts, tmp_path: Path, cwd: Path, *args: str) -> Any:
+def _run(
+    hosts: FakeHosts,
+    tmp_path: Path,
+    cwd: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+) -> Any:
     # The fake hosts share this machine's Python: no conda env to create there.
     return hosts.run_in_netns(
         [sys.executable, *args, "hydra.launcher.env_setup.commands=[]"],
-        env=launcher_env(tmp_path),
+        env=launcher_env(tmp_path, env),
         cwd=cwd,
         timeout=600,
     )
 
 
-def _run_test_app(hosts: FakeHosts, tmp_path: Path, cluster_yaml: Path, *overrides: str) -> Any:
+def _run_test_app(
+    hosts: FakeHosts,
+    tmp_path: Path,
+    cluster_yaml: Path,
+    *overrides: str,
+    env: Mapping[str, str] | None = None,
+) -> Any:
     """`python app.py --multirun OVERRIDES` (tests/apps) on the cluster of `cluster_yaml`,
-    with its sweep dir at tmp_path/sweep."""
+    with its sweep dir at tmp_path/sweep (`env`: more of the launching process's environment)."""
     app = tmp_path / "app"
     shutil.copytree(REPO / "tests" / "apps", app)
     return _run(
@@ -60,6 +82,7 @@ def _run_test_app(hosts: FakeHosts, tmp_path: Path, cluster_yaml: Path, *overrid
         "hydra/launcher=ray_cluster",
         f"hydra.launcher.cluster_yaml={cluster_yaml}",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        env=env,
     )
 
 
@@ -116,19 +139,28 @@ def test_upload_download_example_brings_every_checkpoint_home(
 
 
 @pytest.mark.parametrize("failing", [False, True])
-def test_every_job_output_dir_comes_home(
+def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
     fake_hosts: FakeHosts, tmp_path: Path, failing: bool
 ) -> None:
+    """Also: a cluster whose config names none gets a name unique to the multirun, and
+    is torn down while Python is fully alive (at the multirun's end, or at once on a
+    failure), also when Ray's teardown uses a thread pool, as it does for docker."""
     sweep = tmp_path / "sweep"
     res = _run_test_app(
         fake_hosts,
         tmp_path,
-        _cluster_yaml(fake_hosts, tmp_path, "all"),
+        _cluster_yaml(fake_hosts, tmp_path, "all", named=False),
         "x=1,2,3",
         "seconds=1",
         f"raise_on={[2] if failing else []}",
+        env=thread_pool_teardown_env(),
     )
+    named = re.search(r"Creating or updating cluster '(hydra-app-[0-9a-f]{8})'", res.stdout)
+    assert named, res.stdout
+    shutil.rmtree(ssh_control_dir(named.group(1)), ignore_errors=True)
     assert (res.returncode != 0) == failing, res.stdout
+    written = yaml.safe_load((sweep / ".hydra" / "ray_cluster.yaml").read_text())
+    assert written["cluster_name"] == named.group(1)
     for num in range(3):
         job_dir = sweep / str(num)
         assert (job_dir / ".hydra" / "config.yaml").is_file()
@@ -137,6 +169,8 @@ def test_every_job_output_dir_comes_home(
     if failing:
         assert "ValueError: job 1 was told to raise" in res.stdout
     assert "Stopping cluster" in res.stdout
+    assert "cannot schedule new futures" not in res.stdout
+    assert "Deleted the cluster" in res.stdout
     _no_leftovers(fake_hosts)
 
 

@@ -14,6 +14,7 @@ from .fake_hosts import (
     launcher_env,
     missing_prerequisites,
     ssh_control_dir,
+    thread_pool_teardown_env,
     unique_cluster_name,
 )
 from .moto import (
@@ -48,5 +49,6 @@ __all__ = [
     "precreate_ray_iam",
     "running_instances",
     "ssh_control_dir",
+    "thread_pool_teardown_env",
     "unique_cluster_name",
 ]

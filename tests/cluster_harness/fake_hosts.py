@@ -142,6 +142,18 @@ def launcher_env(
     return env
 
 
+# A dir whose sitecustomize.py makes Ray's teardown use a thread pool (see there).
+_THREAD_POOL_TEARDOWN = Path(__file__).parent / "thread_pool_teardown"
+
+
+def thread_pool_teardown_env() -> dict[str, str]:
+    """More environment for a launching process (`launcher_env`'s `extra`): Ray's local
+    provider then terminates nodes through a thread pool, as Ray's docker teardown does,
+    which fails when left to the interpreter's exit."""
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": f"{_THREAD_POOL_TEARDOWN}:{path}" if path else str(_THREAD_POOL_TEARDOWN)}
+
+
 def call_in_netns(netns: str, fn: Callable[[], T]) -> T:
     """Run `fn` in a thread switched into network namespace `netns` and return its result.
 
