@@ -223,7 +223,8 @@ class SweepBook:
         return ConfigError(
             f"hydra.launcher.resume=true refused: the sweep in {self.sweep_dir} is not this "
             f"sweep: {why}. Resume it with the overrides it was run with, or start a new sweep "
-            "(another hydra.sweep.dir, or hydra.launcher.resume=false to start this dir over)."
+            "(another hydra.sweep.dir, or hydra.launcher.resume=false to start this dir over: "
+            f"the earlier records are moved to {self.sweep_dir / RECORD_DIR}/{EARLIER}-<time>/)."
         )
 
 
