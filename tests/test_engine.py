@@ -1,6 +1,9 @@
-"""The engine in-process, on the session's Ray: what it ships and how often."""
+"""The engine on the session's Ray: what it ships and how often, and what a
+failure inside the engine's own loop does to the other jobs."""
 
+import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -8,7 +11,10 @@ import pytest
 from hydra.test_utils.test_utils import TSweepRunner
 from omegaconf import DictConfig
 
+from hydra_plugins.hydra_ray_launcher._report import SweepProgress
 from hydra_plugins.hydra_ray_launcher._validate import ray_init_kwargs
+
+from .conftest import run_app
 
 
 class UnpickleProbe:
@@ -71,3 +77,74 @@ def test_ray_init_kwargs_ignore_node_resources_when_connecting(
         "address": "local",
         "num_cpus": 4,
     }
+
+
+def test_a_job_whose_record_cannot_be_written_is_named_and_the_others_finish(
+    ray_session: str, tmp_path: Path
+) -> None:
+    res = run_app(
+        "unpicklable_app.py",
+        "x=1,2,3",
+        "unpicklable_on=[2]",
+        "seconds=1",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        "hydra.sweep.dir=sweep",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.output
+    assert (
+        "Could not record the result of job #1 (x=2 unpicklable_on=[2] seconds=1): "
+        "TypeError: an Unpicklable cannot be pickled"
+    ) in res.output
+    assert "hydra.launcher.resume=true would run this job again" in res.output
+    records = sorted(p.name for p in (tmp_path / "sweep" / ".hydra_ray").glob("job_*.pkl"))
+    assert records == ["job_0.pkl", "job_2.pkl"]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    assert summary["counts"] == {"succeeded": 3}
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.usefixtures("hydra_restore_singletons")
+def test_an_error_that_ends_the_run_leaves_no_job_running(
+    ray_session: str,
+    hydra_sweep_runner: TSweepRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pid_file = tmp_path / "long_job.pid"
+
+    def task(cfg: DictConfig) -> int:
+        if cfg.a == 1:  # runs for minutes unless cancelled
+            pid_file.write_text(str(os.getpid()))
+            time.sleep(300)
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # finish only once the long job runs
+        return int(cfg.a)
+
+    def broken(self: SweepProgress, outcome: Any) -> None:
+        raise RuntimeError("the display broke")
+
+    monkeypatch.setattr(SweepProgress, "finished", broken)
+    sweep = hydra_sweep_runner(
+        calling_file=None,
+        calling_module="hydra.test_utils.a_module",
+        task_function=task,
+        config_path="configs",
+        config_name="compose.yaml",
+        overrides=["hydra/launcher=ray", "+a=0,1"],
+        temp_dir=tmp_path / "sweep",
+    )
+    with pytest.raises(RuntimeError, match="the display broke"), sweep:
+        pass
+    assert _gone(int(pid_file.read_text()), within_s=60), "the long job still runs"

@@ -101,8 +101,10 @@ class _Attempt:
     config: DictConfig | None
     # time.monotonic() of this driver when the job said it started; None while queued.
     started: float | None = None
-    # The node it said it runs on.
+    # The node it said it runs on (IP, Ray node id), and the job's dir there.
     node: str = "?"
+    node_id: str = ""
+    job_dir: str | None = None
 
 
 def run_jobs(
@@ -114,6 +116,7 @@ def run_jobs(
     progress: "SweepProgress",
     configs: Mapping[int, DictConfig] | None = None,
     on_finished: Callable[[JobOutcome], None] | None = None,
+    on_started: Callable[[JobStarted], None] | None = None,
 ) -> list[JobOutcome]:
     """Run every job as a Ray task, concurrently, and return their outcomes in
     job order. Each job's config is composed in its worker, unless `configs`
@@ -121,8 +124,11 @@ def run_jobs(
 
     A job that fails, times out or whose process dies becomes a failed outcome;
     the others run on. `on_finished` is called with each final outcome as it
-    comes (the sweep's records). On KeyboardInterrupt, the jobs still queued or
-    running are cancelled before it propagates."""
+    comes (the sweep's records): if it raises, the error is logged and the
+    sweep goes on. `on_started` is called with every start event (where each
+    attempt writes: the gather). On KeyboardInterrupt, or any error that ends
+    the run, the jobs still queued or running are cancelled before it
+    propagates."""
     import ray
 
     # Ray Client (`ray://` addresses) has no streaming generators: there, jobs are
@@ -150,13 +156,25 @@ def run_jobs(
     def finish(outcome: JobOutcome) -> None:
         results[outcome.idx] = outcome
         progress.finished(outcome)
-        if on_finished is not None:
+        if on_finished is None:
+            return
+        try:
             on_finished(outcome)
+        except Exception as exc:  # any failure of the caller's record: one job's, not the sweep's
+            log.error(
+                f"Could not record the result of job #{outcome.idx} "
+                f"({describe(outcome.job_return.overrides or []) or 'no overrides'}): "
+                f"{type(exc).__name__}: {exc}. The sweep goes on with it; "
+                "hydra.launcher.resume=true would run this job again"
+            )
 
     def started(item: JobStarted) -> None:
+        if on_started is not None:
+            on_started(item)
         for attempt in running.values():
             if (attempt.job.idx, attempt.number) == (item.idx, item.attempt):
                 attempt.started, attempt.node = time.monotonic(), item.node
+                attempt.node_id, attempt.job_dir = item.node_id, item.job_dir
                 progress.started(item.idx, item.node, item.attempt)
 
     try:
@@ -184,8 +202,11 @@ def run_jobs(
                 ray.cancel(ref, force=True)
                 del running[ref]
                 finish(_timed_out(attempt, policy))
-    except KeyboardInterrupt:
-        log.warning(f"Interrupted: cancelling {len(running)} unfinished jobs")
+    except BaseException as exc:
+        # Whatever ends the run early (Ctrl-C, a bug, a lost connection), no job
+        # is left running on the cluster.
+        why = "Interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+        log.warning(f"{why}: cancelling {len(running)} unfinished jobs")
         for ref in running:
             ray.cancel(ref, force=True)
         raise
@@ -285,6 +306,8 @@ def _failed(attempt: _Attempt, error: BaseException, status: str) -> JobOutcome:
         started=now - ran_s,
         ended=now,
         node=attempt.node,
+        node_id=attempt.node_id,
+        job_dir=attempt.job_dir,
         attempt=attempt.number,
         status=status,
     )

@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +54,19 @@ def capture_sweep_state(
 
 @dataclass(frozen=True)
 class JobStarted:
-    """The first thing a job's task yields: the driver learns the job is running."""
+    """The first thing a job's task yields: the driver learns the job is running,
+    where, and in which dir it writes (also a job that times out or crashes
+    later wrote there: the gather fetches that dir from that node)."""
 
     idx: int
     attempt: int
     node: str
     pid: int
+    # The Ray node id of `node`.
+    node_id: str = ""
+    # The job's output dir, absolute on that node; None if its config could not
+    # be composed (the job wrote nothing).
+    job_dir: str | None = None
 
 
 # What a job ended as, in the summary and in sweep_summary.json.
@@ -79,6 +86,9 @@ class JobOutcome:
     ended: float
     node: str
     pid: int = field(default_factory=os.getpid)
+    # The Ray node id of `node`, and the job's output dir there (None: unknown).
+    node_id: str = ""
+    job_dir: str | None = None
     # 1 for the first run of the job, 2 for its first retry, ...
     attempt: int = 1
     # The failure came from the task function (a retry may succeed), not from
@@ -162,8 +172,8 @@ def run_one_job(
 ) -> Iterator[JobStarted | JobOutcome]:
     """Compose job `idx`'s config from its overrides (unless it comes `composed`
     already) and run it with `run_job`. A Ray streaming generator: it yields
-    JobStarted as soon as it runs (the driver's clock for the job's timeout
-    starts then), then the JobOutcome.
+    JobStarted as soon as the job's dir is known (the driver's clock for the
+    job's timeout starts then), then the JobOutcome.
 
     `packed_state` is a one-element list holding the object-store ref of the
     pickled SweepState: wrapped so that Ray does not fetch and unpickle it for
@@ -171,12 +181,9 @@ def run_one_job(
     `attempt` of `attempts` is this run's number among the runs the launcher's
     `retries` allow.
     """
-    import ray
-
-    started = time.time()
-    node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    yield JobStarted(idx=idx, attempt=attempt, node=node, pid=os.getpid())
-    yield _run(state_key, packed_state, idx, overrides, composed, attempt, attempts, started, node)
+    job = _Prepared.compose(state_key, packed_state, idx, overrides, composed)
+    yield job.started(attempt)
+    yield job.run(attempt, attempts)
 
 
 def run_one_job_reporting(
@@ -191,65 +198,108 @@ def run_one_job_reporting(
 ) -> JobOutcome:
     """run_one_job as a plain task, for Ray Client, which has no streaming
     generators: the start event goes to `board`, an actor the driver polls."""
-    import ray
-
-    started = time.time()
-    node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    board.started.remote(JobStarted(idx=idx, attempt=attempt, node=node, pid=os.getpid()))
-    return _run(state_key, packed_state, idx, overrides, composed, attempt, attempts, started, node)
+    job = _Prepared.compose(state_key, packed_state, idx, overrides, composed)
+    board.started.remote(job.started(attempt))
+    return job.run(attempt, attempts)
 
 
-def _run(
-    state_key: str,
-    packed_state: list[Any],
-    idx: int,
-    overrides: Sequence[str],
-    composed: DictConfig | None,
-    attempt: int,
-    attempts: int,
-    started: float,
-    node: str,
-) -> JobOutcome:
-    state = _restore(state_key, packed_state)
-    task_raised = False
-    try:
-        os.makedirs(state.cwd, exist_ok=True)
-        os.chdir(state.cwd)
-        sweep_config = composed or state.hydra_context.config_loader.load_sweep_config(
-            state.config, list(overrides)
+@dataclass
+class _Prepared:
+    """A job in its worker, its config composed (or why it could not be)."""
+
+    state: SweepState
+    idx: int
+    overrides: Sequence[str]
+    config: DictConfig | None
+    error: Exception | None
+    started_at: float
+    node: str
+    node_id: str
+
+    @classmethod
+    def compose(
+        cls,
+        state_key: str,
+        packed_state: list[Any],
+        idx: int,
+        overrides: Sequence[str],
+        composed: DictConfig | None,
+    ) -> "_Prepared":
+        import ray
+
+        started_at = time.time()
+        node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        node_id = ray.get_runtime_context().get_node_id()
+        state = _restore(state_key, packed_state)
+        config, error = None, None
+        try:
+            os.makedirs(state.cwd, exist_ok=True)
+            os.chdir(state.cwd)
+            config = composed or state.hydra_context.config_loader.load_sweep_config(
+                state.config, list(overrides)
+            )
+            with open_dict(config):
+                config.hydra.job.id = idx
+                config.hydra.job.num = idx
+            HydraConfig.instance().set_config(config)
+        except Exception as exc:  # composing the config failed: the job never runs
+            config, error = None, exc
+        return cls(state, idx, overrides, config, error, started_at, node, node_id)
+
+    @property
+    def job_dir(self) -> str | None:
+        """The output dir run_job gives the job (its keys, relative to the job's cwd)."""
+        if self.config is None:
+            return None
+        sweep_dir = str(OmegaConf.select(self.config, "hydra.sweep.dir"))
+        subdir = str(OmegaConf.select(self.config, "hydra.sweep.subdir"))
+        return os.path.abspath(os.path.join(sweep_dir, subdir))
+
+    def started(self, attempt: int) -> JobStarted:
+        return JobStarted(
+            idx=self.idx,
+            attempt=attempt,
+            node=self.node,
+            pid=os.getpid(),
+            node_id=self.node_id,
+            job_dir=self.job_dir,
         )
-        with open_dict(sweep_config):
-            sweep_config.hydra.job.id = idx
-            sweep_config.hydra.job.num = idx
-        HydraConfig.instance().set_config(sweep_config)
-        task_function = state.task_function
-        if attempts > 1:
-            task_function = _announcing_attempt(task_function, idx, attempt, attempts)
-        job_return = run_job(
-            hydra_context=state.hydra_context,
-            task_function=task_function,
-            config=sweep_config,
-            job_dir_key="hydra.sweep.dir",
-            job_subdir_key="hydra.sweep.subdir",
+
+    def run(self, attempt: int, attempts: int) -> JobOutcome:
+        task_raised = False
+        job_return = JobReturn(overrides=list(self.overrides), status=JobStatus.FAILED)
+        job_return.return_value = self.error
+        if self.config is not None:
+            task_function = self.state.task_function
+            if attempts > 1:
+                task_function = _announcing_attempt(task_function, self.idx, attempt, attempts)
+            try:
+                job_return = run_job(
+                    hydra_context=self.state.hydra_context,
+                    task_function=task_function,
+                    config=self.config,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                )
+                task_raised = job_return.status == JobStatus.FAILED
+            except Exception as exc:  # run_job could not set the job up: it never ran
+                job_return.return_value = exc
+        status = SUCCEEDED
+        if job_return.status == JobStatus.FAILED:
+            job_return.return_value = _portable_error(job_return._return_value, self.idx, self.node)
+            status = FAILED
+        return JobOutcome(
+            idx=self.idx,
+            job_return=job_return,
+            started=self.started_at,
+            ended=time.time(),
+            node=self.node,
+            node_id=self.node_id,
+            job_dir=self.job_dir,
+            attempt=attempt,
+            task_raised=task_raised,
+            status=status,
         )
-        task_raised = job_return.status == JobStatus.FAILED
-    except Exception as exc:  # composing the config failed: the job never ran
-        job_return = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
-        job_return.return_value = exc
-    status = SUCCEEDED
-    if job_return.status == JobStatus.FAILED:
-        job_return.return_value = _portable_error(job_return._return_value, idx, node)
-        status = FAILED
-    return JobOutcome(
-        idx=idx,
-        job_return=job_return,
-        started=started,
-        ended=time.time(),
-        node=node,
-        attempt=attempt,
-        task_raised=task_raised,
-        status=status,
-    )
 
 
 def _announcing_attempt(
