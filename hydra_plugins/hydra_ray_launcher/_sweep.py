@@ -204,14 +204,15 @@ class SweepBook:
         )
 
     def _unusable(self, problems: list[UnreadableRecord]) -> ConfigError:
-        aside = self.sweep_dir / RECORD_DIR / UNREADABLE
-        files = " ".join(shlex.quote(str(p.path)) for p in problems)
-        listed = "".join(f"\n  {p.path}: {p.why}" for p in problems)
+        # Absolute: the commands work from wherever the user pastes them.
+        aside = self.sweep_dir.resolve() / RECORD_DIR / UNREADABLE
+        files = " ".join(shlex.quote(str(p.path.resolve())) for p in problems)
+        listed = "".join(f"\n  {p.path.resolve()}: {p.why}" for p in problems)
         records = f"{len(problems)} job record" + ("s" if len(problems) > 1 else "")
         return ConfigError(
             f"hydra.launcher.resume=true refused: {records} of the earlier sweep in "
-            f"{self.sweep_dir} cannot be used, and their jobs may have finished (a resume "
-            f"would run them again):{listed}\n"
+            f"{self.sweep_dir} cannot be used, and a resume would run again jobs that may "
+            f"have finished:{listed}\n"
             "Nothing was run or changed: the files are where they were. Make them readable "
             "here (for a ModuleNotFoundError: install that module in this environment) and "
             "run the same command again. Or, to run those jobs again, move the records aside, "
