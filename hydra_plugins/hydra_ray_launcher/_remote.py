@@ -248,7 +248,8 @@ def _bring_home(
     source = str(sync.source_dir) if sync.source_dir is not None else head_sweep
     outputs = _Transfer("the outputs", source, target)
     pending = [records, outputs]
-    left = ""
+    # Until the gather is known to have ended: outputs may still be on other nodes.
+    left = "; outputs of jobs on other nodes may not be on the head yet"
     try:
         left = _gathered(cluster, remote_tmp.path, sweep_dir)
         cluster.run(f"mkdir -p {shlex.quote(records.source)}")

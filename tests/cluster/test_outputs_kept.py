@@ -173,7 +173,9 @@ def test_outputs_that_cannot_be_written_home_fail_the_run_and_stay_on_the_cluste
 
     commands = _printed_commands(res.stdout)
     assert [c[:2] for c in commands] == [["ray", "rsync-down"], ["ray", "down"]], res.stdout
-    blocked.unlink()  # the user fixes what stood in the way, then runs the commands
+    # The user fixes what stood in the way, then runs the commands.
+    blocked.unlink()
+    blocked.mkdir()
     _run_printed(fake_hosts, tmp_path, commands[0])
     for num in range(2):
         assert (target / str(num) / f"done_{num}.json").is_file()

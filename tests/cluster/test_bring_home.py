@@ -1,0 +1,89 @@
+"""What the launcher keeps when outputs do not all come home, decided in-process
+with a stand-in for the cluster (the fake-hosts tests run the real thing)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from hydra_plugins.hydra_ray_launcher._cluster import Cluster, ClusterCommandError, RemoteTmp
+from hydra_plugins.hydra_ray_launcher._config import RsyncConf
+from hydra_plugins.hydra_ray_launcher._remote import OutputsNotHomeError, _bring_home
+
+HEAD_TMP = "/tmp/hydra-ray-abc"
+
+
+class StandInCluster(Cluster):
+    """Answers the launcher's commands as a head would; `reports` are the gather
+    reports it finds, one per read; rsync down of the `failing` source fails."""
+
+    def __init__(self, tmp_path: Path, reports: list[dict[str, object] | None], failing: str = ""):
+        config_file = tmp_path / "sweep" / ".hydra" / "ray_cluster.yaml"
+        super().__init__(config={"cluster_name": "c1"}, run_env="auto", config_file=config_file)
+        self.reports = reports
+        self.failing = failing
+        self.commands: list[str] = []
+        self.downloads: list[str] = []
+
+    def run(self, cmd: str, *, with_output: bool = False, run_env: str | None = None) -> str:
+        self.commands.append(cmd)
+        if "gather_report.json" in cmd:
+            report = self.reports.pop(0)
+            return "" if report is None else f"HYDRA_RAY_GATHER_REPORT={json.dumps(report)}\n"
+        if "returns.pkl" in cmd:
+            return "HYDRA_RAY_FOUND\n"
+        return ""
+
+    def rsync_down(self, source: str, target: str) -> None:
+        if source == self.failing:
+            raise ClusterCommandError(f"rsync {source} -> {target} failed: SSH command failed.")
+        self.downloads.append(source)
+
+
+def _bring(cluster: StandInCluster, tmp_path: Path) -> RemoteTmp:
+    remote = RemoteTmp(HEAD_TMP)
+    _bring_home(cluster, remote, OmegaConf.structured(RsyncConf), tmp_path / "sweep", tmp_path)
+    return remote
+
+
+def test_a_complete_gather_report_lets_everything_come_home_and_the_cluster_go(
+    tmp_path: Path,
+) -> None:
+    cluster = StandInCluster(tmp_path, [{"complete": True, "left": []}])
+    remote = _bring(cluster, tmp_path)
+    sweep = tmp_path / "sweep"
+    assert cluster.downloads == [f"{sweep}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl", f"{sweep}/"]
+    assert cluster.leftovers is None and not remote.kept
+    assert not any("_head_driver gather" in c for c in cluster.commands)
+
+
+def test_outputs_left_on_a_node_keep_the_cluster_with_the_commands_that_gather_them(
+    tmp_path: Path,
+) -> None:
+    left = {"complete": False, "left": [{"node": "10.0.0.3", "paths": ["1"]}]}
+    cluster = StandInCluster(tmp_path, [None, left])
+    remote = RemoteTmp(HEAD_TMP)
+    with pytest.raises(OutputsNotHomeError, match=r"still on other nodes.*10\.0\.0\.3 \(1\)"):
+        _bring_home(cluster, remote, OmegaConf.structured(RsyncConf), tmp_path / "sweep", tmp_path)
+    # No report (the driver did not finish): `gather` ran, and its report was read.
+    assert sum("_head_driver gather" in c for c in cluster.commands) == 1
+    assert remote.kept and cluster.leftovers is not None
+    # What is on the head still came home; the commands gather the rest, then bring it.
+    assert len(cluster.downloads) == 3
+    first, second = cluster.leftovers.commands
+    assert first.startswith("ray exec ") and "_head_driver gather" in first
+    assert second.startswith("ray rsync-down ")
+
+
+def test_a_failed_transfer_of_the_outputs_keeps_them_after_the_records_came_home(
+    tmp_path: Path,
+) -> None:
+    sweep = tmp_path / "sweep"
+    cluster = StandInCluster(tmp_path, [{"complete": True, "left": []}], failing=f"{sweep}/")
+    remote = RemoteTmp(HEAD_TMP)
+    with pytest.raises(OutputsNotHomeError, match="the outputs did not come home"):
+        _bring_home(cluster, remote, OmegaConf.structured(RsyncConf), sweep, tmp_path)
+    assert cluster.downloads == [f"{sweep}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl"]
+    assert remote.kept and cluster.leftovers is not None
+    assert cluster.leftovers.commands == [f"ray rsync-down {cluster.config_file} {sweep}/ {sweep}/"]
