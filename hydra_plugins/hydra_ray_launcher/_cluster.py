@@ -6,11 +6,11 @@ and on exit tears it down (or keeps it, when outputs are still on it), and
 Ray is imported inside functions: Hydra imports this package at every start.
 """
 
-import atexit
 import logging
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -158,8 +158,8 @@ def remote_temp_dir(cluster: Cluster) -> Iterator[RemoteTmp]:
 class ClusterLifetime:
     """The multirun's one cluster: created at the first `get()`, reused by the
     next batches, and torn down (or kept, as configured or for outputs not yet
-    home) by `close()`: at the end of the multirun, at once on an error, and
-    at interpreter exit only as a last resort."""
+    home) by `close()`: at the end of the multirun, at once on an error in a
+    launch, and at the interpreter's exit only as a last resort."""
 
     def __init__(self, launcher: DictConfig, cluster_config: dict[str, Any]) -> None:
         self._launcher = launcher
@@ -169,7 +169,13 @@ class ClusterLifetime:
 
     def get(self, config_file: Path) -> Cluster:
         if self._cluster is None:
-            atexit.register(self.close)
+            # The last resort, for a sweeper that raises after a batch (Hydra then
+            # skips on_multirun_end): threading's exit hooks run in reverse order,
+            # so this one runs before concurrent.futures' own (registered at its
+            # import), which refuses thread-pool work, as Ray's docker teardown needs.
+            import concurrent.futures.thread  # noqa: F401
+
+            threading._register_atexit(self.close)  # type: ignore[attr-defined]
             self._cluster = self._stack.enter_context(
                 cluster_session(self._launcher, self._cluster_config, config_file)
             )
