@@ -15,6 +15,8 @@ Files are created with the mode a plain open() gives under the process's umask.
 """
 
 import contextlib
+import copy
+import dataclasses
 import datetime
 import functools
 import itertools
@@ -32,6 +34,7 @@ import cloudpickle
 from omegaconf import OmegaConf
 
 from ._jobs import INTERRUPTED, SUCCEEDED, JobOutcome
+from ._redact import redacted_hydra_config
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +107,22 @@ def record_path(sweep_dir: Path, idx: int) -> Path:
 
 
 def write_record(sweep_dir: Path, outcome: JobOutcome) -> None:
-    _write_atomically(record_path(sweep_dir, outcome.idx), cloudpickle.dumps(outcome))
+    _write_atomically(record_path(sweep_dir, outcome.idx), cloudpickle.dumps(_for_disk(outcome)))
+
+
+def _for_disk(outcome: JobOutcome) -> JobOutcome:
+    """The outcome without the secrets of the launcher's settings (in the job's
+    Hydra config): a record is a file the user may share; the sweeper that a
+    resume hands it to does not read them."""
+    job_return = outcome.job_return
+    if job_return.hydra_cfg is None:
+        return outcome
+    hidden = redacted_hydra_config(job_return.hydra_cfg)
+    if hidden is job_return.hydra_cfg:
+        return outcome
+    job_return = copy.copy(job_return)
+    job_return.hydra_cfg = hidden
+    return dataclasses.replace(outcome, job_return=job_return)
 
 
 def read_record(sweep_dir: Path, idx: int) -> JobOutcome | None:

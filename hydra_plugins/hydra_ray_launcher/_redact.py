@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 HIDDEN = "***"
 
@@ -44,17 +44,33 @@ def _redacted_item(key: str, value: Any) -> Any:
     return redacted(value)
 
 
+def redacted_override(override: str) -> str:
+    """`KEY=VALUE` from a command line, its value hidden if KEY names a secret."""
+    key, sep, value = override.partition("=")
+    path = key.lstrip("+~").split(".")
+    if sep and value and ("env_vars" in path[:-1] or _SECRET_KEY.search(path[-1])):
+        return f"{key}={HIDDEN}"
+    return str(redacted(override))
+
+
 def redacted_hydra_config(hydra_cfg: DictConfig) -> DictConfig:
     """A copy of a job's Hydra config (`JobReturn.hydra_cfg`) whose launcher
-    settings have their secrets hidden; interpolations are kept as written."""
+    settings, and the command-line overrides of Hydra's settings, have their
+    secrets hidden; interpolations are kept as written."""
     launcher = OmegaConf.select(hydra_cfg, "hydra.launcher")
     if not isinstance(launcher, DictConfig):
         return hydra_cfg
     plain = OmegaConf.to_container(launcher, resolve=False)
     hidden = redacted(plain)
-    if hidden == plain:
+    overrides = list(OmegaConf.select(hydra_cfg, "hydra.overrides.hydra", default=None) or [])
+    hidden_overrides = [redacted_override(str(o)) for o in overrides]
+    if hidden == plain and hidden_overrides == overrides:
         return hydra_cfg
     out = copy.deepcopy(hydra_cfg)
-    with open_dict(out):
+    # A job's Hydra config is read-only and struct: lift both for this change.
+    with read_write(out), read_write(out.hydra), open_dict(out.hydra):
         out.hydra.launcher = OmegaConf.create(hidden)
+        if overrides:
+            with read_write(out.hydra.overrides), open_dict(out.hydra.overrides):
+                out.hydra.overrides.hydra = hidden_overrides
     return out

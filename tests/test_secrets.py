@@ -1,0 +1,105 @@
+"""Secrets in the launcher's settings (the jobs' environment variables, passwords,
+tokens, credentials in URLs) reach Ray and the jobs, never the plugin's logs or
+files."""
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from hydra_plugins.hydra_ray_launcher._redact import (
+    HIDDEN,
+    redacted,
+    redacted_hydra_config,
+    redacted_override,
+)
+
+from .conftest import run_app
+
+SECRETS = ("hunter2-env-value", "pw-s3cr3t-value")
+
+
+def test_env_var_values_passwords_tokens_and_url_credentials_are_hidden() -> None:
+    init = {
+        "address": "auto",
+        "num_cpus": 2,
+        "_redis_password": "pw",
+        "runtime_env": {
+            "env_vars": {"WANDB_API_KEY": "k", "PLAIN": "v"},
+            "pip": ["--index-url=https://me:tok@pypi.example/simple", "numpy"],
+            "working_dir": ".",
+        },
+        "headers": {"Authorization-Token": "t", "Accept": "json"},
+    }
+    assert redacted(init) == {
+        "address": "auto",
+        "num_cpus": 2,
+        "_redis_password": HIDDEN,
+        "runtime_env": {
+            "env_vars": {"WANDB_API_KEY": HIDDEN, "PLAIN": HIDDEN},
+            "pip": [f"--index-url=https://{HIDDEN}@pypi.example/simple", "numpy"],
+            "working_dir": ".",
+        },
+        "headers": {"Authorization-Token": HIDDEN, "Accept": "json"},
+    }
+    assert redacted_override("++hydra.launcher.ray.init.runtime_env.env_vars.K=v") == (
+        f"++hydra.launcher.ray.init.runtime_env.env_vars.K={HIDDEN}"
+    )
+    # A copy: what Ray gets keeps the real values.
+    assert init["runtime_env"]["env_vars"]["PLAIN"] == "v"  # type: ignore[index]
+
+
+def test_a_jobs_hydra_config_keeps_everything_but_the_launchers_secrets() -> None:
+    cfg = OmegaConf.create(
+        {
+            "hydra": {
+                "run": {"dir": "x"},
+                "overrides": {
+                    "hydra": ["+hydra.launcher.ray.init._redis_password=pw", "hydra.run.dir=x"],
+                    "task": ["lr=0.1"],
+                },
+                "launcher": {"ray": {"init": {"runtime_env": {"env_vars": {"K": "secret"}}}}},
+            }
+        }
+    )
+    for node in (cfg, cfg.hydra):  # read-only and struct, as Hydra hands it over
+        OmegaConf.set_readonly(node, True)
+        OmegaConf.set_struct(node, True)
+    hidden = redacted_hydra_config(cfg)
+    assert hidden.hydra.launcher.ray.init.runtime_env.env_vars.K == HIDDEN
+    assert hidden.hydra.run.dir == "x"
+    assert list(hidden.hydra.overrides.hydra) == [
+        f"+hydra.launcher.ray.init._redis_password={HIDDEN}",
+        "hydra.run.dir=x",
+    ]
+    assert list(hidden.hydra.overrides.task) == ["lr=0.1"]
+    assert cfg.hydra.launcher.ray.init.runtime_env.env_vars.K == "secret"
+
+
+def test_secrets_reach_the_jobs_but_not_the_logs_records_or_summary(
+    ray_session: str, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    res = run_app(
+        "secret_app.py",
+        "x=1,2",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        f"+hydra.launcher.ray.init._redis_password={SECRETS[1]}",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "Initializing ray with config" in ln)
+    assert f"'APP_SECRET': '{HIDDEN}'" in line and f"'_redis_password': '{HIDDEN}'" in line
+    for secret in SECRETS:
+        assert secret not in res.output
+    # The jobs got the real value from Ray.
+    for num in range(2):
+        assert (sweep / str(num) / "secret_seen").read_text() == SECRETS[0]
+    # Everything the plugin wrote (records, manifest, summary); Hydra's own files
+    # (multirun.yaml, each job's .hydra/) hold the config as the user wrote it.
+    ours = [sweep / "sweep_summary.json", *(sweep / ".hydra_ray").rglob("*")]
+    assert any(p.suffix == ".pkl" for p in ours) and any(p.suffix == ".json" for p in ours)
+    for path in ours:
+        data = path.read_bytes()
+        for secret in SECRETS:
+            assert secret.encode() not in data, path
