@@ -418,3 +418,23 @@ def test_jobs_no_node_can_run_are_refused_instead_of_waiting_forever(tmp_path: P
     assert "the most any node has is {'CPU': 1.0}" in res.output
     assert "hydra.launcher.ray.remote.num_cpus" in res.output
     assert not list((tmp_path / "sweep").glob("*/.hydra"))  # no job ran
+
+
+def test_a_batched_sweeper_gets_each_batchs_table_once(ray_session: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    res = run_app(
+        "app.py",
+        "x=1,2,3,4,5,6",
+        "raise_on=[5]",
+        "hydra/sweeper=basic",
+        "hydra.sweeper.max_batch_size=2",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert res.returncode != 0  # job #4 raises
+    rows = re.findall(r"^\| (\d+) \|", res.output, flags=re.MULTILINE)
+    # Three tables of two rows: each job once, not the sweep so far after each batch.
+    assert sorted(rows) == ["0", "1", "2", "3", "4", "5"], res.output
+    assert "The sweep so far: 6 jobs (1 failed, 5 succeeded)" in res.output
+    assert len(_summary(sweep)["jobs"]) == 6

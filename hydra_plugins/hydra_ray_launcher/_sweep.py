@@ -255,10 +255,10 @@ def run_batch(
         # What finished has its record (written by the driver that received it).
         for job in to_run:
             book.outcomes[job.idx] = read_record(book.sweep_dir, job.idx) or _unfinished(job)
-        _summarise(book, interrupted=True)
+        _summarise(book, jobs, interrupted=True)
         raise
     book.outcomes.update((o.idx, o) for o in outcomes)
-    _summarise(book, interrupted=False)
+    _summarise(book, jobs, interrupted=False)
     return [book.outcomes[job.idx].job_return for job in jobs]
 
 
@@ -270,14 +270,22 @@ def _unfinished(job: Job) -> JobOutcome:
     )
 
 
-def _summarise(book: SweepBook, *, interrupted: bool) -> None:
+def _summarise(book: SweepBook, batch: Sequence[Job], *, interrupted: bool) -> None:
+    """sweep_summary.json of every job so far, and the table of this batch's jobs:
+    a batched sweeper (Optuna, Ax, max_batch_size) gets one table per batch, not
+    the whole sweep again after each (output that grew with the square of the trials)."""
     outcomes = list(book.outcomes.values())
     path = write_summary(book.sweep_dir, book.task_overrides, outcomes)
+    shown = [book.outcomes[job.idx] for job in batch]
     terminal = book.settings.live
     width = shutil.get_terminal_size().columns if terminal else 160
-    print(summary_table(outcomes, terminal=terminal, width=width), flush=True)
-    not_done = [o.idx for o in outcomes if o.status != SUCCEEDED]
-    log.info(f"Summary of the sweep's {len(outcomes)} jobs: {path}")
+    print(summary_table(shown, terminal=terminal, width=width), flush=True)
+    if len(outcomes) > len(shown):
+        counts = _counts(outcomes)
+        log.info(f"The sweep so far: {len(outcomes)} jobs ({counts}); every job is in {path}")
+    else:
+        log.info(f"Summary of the sweep's {len(outcomes)} jobs: {path}")
+    not_done = [o.idx for o in shown if o.status != SUCCEEDED]
     if interrupted or not_done:
         again = "the jobs that did not succeed" if not interrupted else "the rest of the sweep"
         log.warning(
@@ -286,3 +294,10 @@ def _summarise(book: SweepBook, *, interrupted: bool) -> None:
             f"(records in {book.sweep_dir / RECORD_DIR})"
         )
     sys.stdout.flush()
+
+
+def _counts(outcomes: Sequence[JobOutcome]) -> str:
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
