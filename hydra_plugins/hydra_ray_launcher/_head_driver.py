@@ -28,9 +28,9 @@ import cloudpickle
 from omegaconf import DictConfig
 
 from ._engine import Job, Policy
-from ._gather import gather_outputs
-from ._jobs import JobOutcome, SweepState
-from ._records import write_record
+from ._gather import JobDirs, LeftOnNode, gather_outputs
+from ._jobs import JobOutcome, JobStarted, SweepState
+from ._records import read_record, write_record
 from ._report import SweepProgress
 from ._validate import ray_init_kwargs
 
@@ -42,9 +42,13 @@ PLUGIN_DIR = "plugin"
 _PID_FILE = "driver.pid"
 # Written in its working dir by the driver and by `gather` once they have tried to
 # bring every node's outputs onto the head: {"complete": bool, "left": [{"node":
-# IP, "paths": [...]}]}. The launcher tears the cluster down only after a complete
-# one (a missing file means the gather did not end: outputs may still be on nodes).
+# IP, "node_id": ID, "paths": [...], "error": why}]}. The launcher tears the
+# cluster down only after a complete one (a missing file means the gather did not
+# end: outputs may still be on nodes).
 GATHER_REPORT = "gather_report.json"
+# In its working dir, one JSON line per job start (node, job dir): what `gather`
+# fetches after the driver was killed.
+_STARTS_FILE = "job_starts.jsonl"
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,18 @@ def main(spec_path: str, returns_path: str) -> None:
     ray.init(**init)
     shipped = _engine.ship_state(state)
     sweep_dir = Path(spec.sweep_dir).resolve()
+    job_dirs = JobDirs()
+
+    def started(event: JobStarted) -> None:
+        job_dirs.job_started(event)
+        with open(_STARTS_FILE, "a") as f:
+            f.write(json.dumps(dataclasses.asdict(event)) + "\n")
+
+    def finished(outcome: JobOutcome) -> None:
+        job_dirs.job_finished(outcome)
+        # On the head: synced down with the outputs, also after an interruption.
+        write_record(sweep_dir, outcome)
+
     with SweepProgress(
         [(j.idx, j.overrides) for j in spec.jobs],
         live=spec.live and _have_rich(),
@@ -111,14 +127,14 @@ def main(spec_path: str, returns_path: str) -> None:
             policy=spec.policy,
             progress=progress,
             configs=spec.configs,
-            # On the head: synced down with the outputs, also after an interruption.
-            on_finished=lambda outcome: write_record(sweep_dir, outcome),
+            on_finished=finished,
+            on_started=started,
         )
-    gather_outputs(sweep_dir, workdir=os.getcwd())
-    write_gather_report(complete=True, left=[])
+    # Incomplete or not, the jobs' results stand: the report tells the launcher.
+    _gather(spec.sweep_dir, job_dirs)
     tmp = returns_path + ".part"
-    with open(tmp, "wb") as f:
-        cloudpickle.dump(outcomes, f)
+    with open(tmp, "wb") as out:
+        cloudpickle.dump(outcomes, out)
     os.replace(tmp, returns_path)
 
 
@@ -136,13 +152,40 @@ def gather_after_failure(sweep_dir: str) -> None:
     if pid_file.is_file():
         _stop(int(pid_file.read_text()))
     ray.init(address="auto", runtime_env={"py_modules": [_plugin_module()]})
-    gather_outputs(Path(sweep_dir).resolve(), workdir=os.getcwd())
-    write_gather_report(complete=True, left=[])
+    _gather(sweep_dir, _started_job_dirs(Path(sweep_dir).resolve()))
 
 
-def write_gather_report(*, complete: bool, left: list[dict[str, Any]]) -> None:
+def _started_job_dirs(sweep_dir: Path) -> JobDirs:
+    """The job dirs the driver saw jobs start in, and where each job's recorded
+    attempt ran (from the records)."""
+    job_dirs = JobDirs()
+    starts = Path(_STARTS_FILE)
+    lines = starts.read_text().splitlines() if starts.is_file() else []
+    for line in lines:
+        try:
+            event = JobStarted(**json.loads(line))
+        except (ValueError, TypeError):  # the last line, cut by the driver's death
+            continue
+        job_dirs.job_started(event)
+        outcome = read_record(sweep_dir, event.idx)
+        if outcome is not None:
+            job_dirs.job_finished(outcome)
+    return job_dirs
+
+
+def _gather(sweep_dir: str, job_dirs: JobDirs) -> None:
+    """Gather onto the head (abspath, as the jobs name their dirs), then report."""
+    left = gather_outputs(
+        Path(os.path.abspath(sweep_dir)), job_dirs, jobs_cwd=os.getcwd(), cwd_is_ours=True
+    )
+    write_gather_report(left)
+
+
+def write_gather_report(left: Sequence[LeftOnNode]) -> None:
+    """complete=true only if no node's part stayed behind."""
     tmp = f"{GATHER_REPORT}.part"
-    Path(tmp).write_text(json.dumps({"complete": complete, "left": left}))
+    report = {"complete": not left, "left": [part.as_json() for part in left]}
+    Path(tmp).write_text(json.dumps(report))
     os.replace(tmp, GATHER_REPORT)
 
 

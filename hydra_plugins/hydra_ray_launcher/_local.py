@@ -14,7 +14,7 @@ from hydra.core.utils import JobReturn, configure_log, setup_globals
 from . import _engine
 from ._connect import check_connection
 from ._engine import Job
-from ._gather import gather_outputs
+from ._gather import JobDirs, gather_outputs
 from ._jobs import JobOutcome, capture_sweep_state
 from ._records import write_record
 from ._redact import redacted
@@ -73,6 +73,12 @@ def launch(
             # Other machines need not have the app's config files: compose here.
             loader = launcher.hydra_context.config_loader
             configs = {job.idx: loader.load_sweep_config(config, job.overrides) for job in jobs}
+        job_dirs = JobDirs()
+
+        def finished(outcome: JobOutcome) -> None:
+            job_dirs.job_finished(outcome)
+            write_record(book.sweep_dir, outcome)
+
         try:
             with SweepProgress(
                 [(j.idx, j.overrides) for j in jobs],
@@ -86,12 +92,13 @@ def launch(
                     policy=book.settings.policy,
                     progress=progress,
                     configs=configs,
-                    on_finished=lambda outcome: write_record(book.sweep_dir, outcome),
+                    on_finished=finished,
+                    on_started=job_dirs.job_started,
                 )
         finally:
             # On a cluster of several machines, bring home what jobs wrote on the
-            # others (also after a failure or Ctrl-C: the finished jobs' files).
-            _gather_quietly(book.sweep_dir.resolve())
+            # others (also after a failure or Ctrl-C: every started job's files).
+            _gather_quietly(book.sweep_dir, job_dirs, jobs_cwd=str(config.hydra.runtime.cwd))
 
     try:
         return run_batch(book, job_overrides, initial_job_idx, run)
@@ -119,10 +126,17 @@ def _check_schedulable(remote: dict[str, Any], *, connected: bool) -> None:
     )
 
 
-def _gather_quietly(sweep_dir: Path) -> None:
+def _gather_quietly(sweep_dir: Path, job_dirs: JobDirs, *, jobs_cwd: str) -> None:
+    """Gather (each node that fails is named in the log, its files left there),
+    without hiding the sweep's own outcome if the cluster itself is gone."""
+    import ray
+
     try:
-        gather_outputs(sweep_dir, workdir=None)  # the jobs' working dir is the user's
-    except Exception as exc:  # never hide the sweep's own outcome
+        # abspath, as the jobs name their dirs; the jobs' working dir is the user's.
+        gather_outputs(
+            Path(os.path.abspath(sweep_dir)), job_dirs, jobs_cwd=jobs_cwd, cwd_is_ours=False
+        )
+    except (ray.exceptions.RayError, OSError) as exc:
         log.error(f"Could not bring home the outputs written on other nodes: {exc}")
 
 

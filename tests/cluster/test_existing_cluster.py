@@ -1,13 +1,17 @@
 """The `ray` launcher on an existing cluster of other machines (fake hosts, each
 with its own filesystem), through Ray Client (`ray://`): the jobs' configs are
 composed here, the jobs run there, and every job's outputs come home from the
-node that ran it."""
+node that ran it, and only those."""
 
+import json
+import re
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,16 +19,19 @@ import yaml
 from ..cluster_harness.fake_hosts import FakeHosts, launcher_env, unique_cluster_name
 
 REPO = Path(__file__).parents[2]
+NODES = ("head", "worker")
 
 
-@pytest.fixture
-def running_cluster(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[str]:
-    """A cluster started with `ray up` (head without CPUs: the jobs run on the
-    worker); yields the head's address; `ray down` after the test."""
+@pytest.fixture(scope="module")
+def running_cluster(
+    fake_hosts: FakeHosts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A cluster started with `ray up` once for this module's tests (a CPU on
+    the head and one on the worker: jobs run on both); yields the head's address;
+    `ray down` after the last test."""
+    tmp_path = tmp_path_factory.mktemp("ext-cluster")
     config = fake_hosts.local_cluster_config(
-        unique_cluster_name("ext"),
-        num_cpus=2,
-        head_args=["--num-cpus=0", "--include-dashboard=false"],
+        unique_cluster_name("ext"), num_cpus=1, head_args=["--include-dashboard=false"]
     )
     config["setup_commands"] = []
     cluster_yaml = tmp_path / "cluster.yaml"
@@ -61,29 +68,134 @@ def _wait_until_ready(hosts: FakeHosts, address: str, env: dict[str, str]) -> No
         time.sleep(2)
 
 
+def _sweep(
+    hosts: FakeHosts, address: str, tmp_path: Path, app: str, *overrides: str
+) -> subprocess.CompletedProcess[str]:
+    """Run tests/apps/`app` on the cluster through Ray Client, its sweep dir tmp_path/sweep."""
+    app_dir = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps", app_dir)
+    cmd = [sys.executable, app, "--multirun", *overrides, "hydra/launcher=ray"]
+    cmd += [f"hydra.launcher.ray.init.address=ray://{address}"]
+    return hosts.run_in_netns(
+        [*cmd, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        env={**launcher_env(tmp_path), "RAY_AUTH_MODE": "disabled"},
+        cwd=app_dir,
+        timeout=300,
+    )
+
+
+def _jobs(sweep: Path) -> list[dict[str, Any]]:
+    jobs: list[dict[str, Any]] = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    return jobs
+
+
 def test_outputs_written_on_another_machine_come_home(
     fake_hosts: FakeHosts, running_cluster: str, tmp_path: Path
 ) -> None:
-    app = tmp_path / "app"
-    shutil.copytree(REPO / "tests" / "apps", app)
+    res = _sweep(fake_hosts, running_cluster, tmp_path, "app.py", "x=1,2,3", "raise_on=[3]")
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "app.py", "--multirun", "x=1,2,3", "raise_on=[3]"]
-    cmd += ["hydra/launcher=ray", f"hydra.launcher.ray.init.address=ray://{running_cluster}"]
-    res = fake_hosts.run_in_netns(
-        [*cmd, f"hydra.sweep.dir={sweep}"],
-        env={**launcher_env(tmp_path), "RAY_AUTH_MODE": "disabled"},
-        cwd=app,
-        timeout=300,
-    )
     assert res.returncode != 0, res.stdout  # job #2 raises
-    assert "on 127.0.0.3" in res.stdout, res.stdout  # the jobs ran on the worker machine
     # Ray Client has no streaming generators: start events came through an actor.
-    assert "#0 : x=1 raise_on=[3] started on 127.0.0.3" in res.stdout
+    assert re.search(r"#0 : x=1 raise_on=\[3\] started on 127\.0\.0\.[23]", res.stdout)
     # Each job's dir, with its files, is here, the failed job's too.
     for num in range(3):
         assert (sweep / str(num) / ".hydra" / "config.yaml").is_file(), res.stdout
         assert (sweep / str(num) / "app.log").is_file()
         assert (sweep / str(num) / f"done_{num}.json").is_file() == (num != 2)
     assert "Gathered the outputs written on node" in res.stdout
-    # ...and no longer on the worker.
-    assert not fake_hosts.host_path("worker", sweep).exists()
+    # ...and no longer on the machines that ran them.
+    for host in NODES:
+        assert not fake_hosts.host_path(host, sweep).exists(), host
+        assert list(fake_hosts.host_path(host, "/tmp").glob("hydra-ray-gather-*")) == [], host
+
+
+def test_a_user_s_files_in_the_sweep_dir_on_the_nodes_stay_there(
+    fake_hosts: FakeHosts, running_cluster: str, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"  # on the nodes, a dir of the user's already
+    for host in NODES:
+        theirs = fake_hosts.host_path(host, sweep)
+        (theirs / "data").mkdir(parents=True)
+        (theirs / "notes.txt").write_text(f"the user's notes on {host}")
+        (theirs / "data" / "keep.bin").write_bytes(b"\0" * 1000)
+    res = _sweep(
+        fake_hosts,
+        running_cluster,
+        tmp_path,
+        "app.py",
+        "x=1,2,3,4",
+        "seconds=1",  # together, on both nodes' CPU
+        "hydra.launcher.ray.remote.scheduling_strategy=SPREAD",
+    )
+    assert res.returncode == 0, res.stdout
+    assert {job["node"] for job in _jobs(sweep)} == {"127.0.0.2", "127.0.0.3"}, res.stdout
+    for num in range(4):
+        assert (sweep / str(num) / f"done_{num}.json").is_file(), res.stdout
+    assert not (sweep / "notes.txt").exists() and not (sweep / "data").exists()
+    for host in NODES:
+        theirs = fake_hosts.host_path(host, sweep)
+        assert (theirs / "notes.txt").read_text() == f"the user's notes on {host}"
+        assert (theirs / "data" / "keep.bin").stat().st_size == 1000
+        assert sorted(p.name for p in theirs.iterdir()) == ["data", "notes.txt"], host
+
+
+def test_a_node_whose_part_fails_keeps_its_files_and_the_others_come_home(
+    fake_hosts: FakeHosts, running_cluster: str, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "1").write_text("")  # job #1's dir cannot be extracted here
+    res = _sweep(
+        fake_hosts,
+        running_cluster,
+        tmp_path,
+        "app.py",
+        "x=1,2,3,4",
+        "seconds=1",  # together, on both nodes' CPU
+        "hydra.launcher.ray.remote.scheduling_strategy=SPREAD",
+    )
+    assert res.returncode == 0, res.stdout  # every job succeeded
+    node_of = {job["idx"]: job["node"] for job in _jobs(sweep)}
+    failed = node_of[1]
+    assert set(node_of.values()) == {"127.0.0.2", "127.0.0.3"}, res.stdout
+    host_of = {"127.0.0.2": "head", "127.0.0.3": "worker"}
+    stayed = sorted(str(sweep / str(num)) for num, node in node_of.items() if node == failed)
+    assert (
+        f"The outputs written on node {failed} did not come home (NotADirectoryError"
+    ) in res.stdout
+    assert f"they are still there, in {', '.join(stayed)}: copy them" in res.stdout
+    for num, node in node_of.items():
+        there = fake_hosts.host_path(host_of[node], sweep / str(num))
+        if node == failed:
+            assert (there / f"done_{num}.json").is_file(), num  # kept on its node
+        else:
+            assert (sweep / str(num) / f"done_{num}.json").is_file(), num  # came home
+            assert not there.exists(), num
+    assert list(fake_hosts.host_path(host_of[failed], "/tmp").glob("hydra-ray-gather-*")) == []
+
+
+def test_the_files_of_a_job_s_recorded_attempt_win_over_its_failed_attempt_s(
+    fake_hosts: FakeHosts, running_cluster: str, tmp_path: Path
+) -> None:
+    # The job that runs on the last node of ray.nodes() fails there and runs
+    # again on the other node (see node_app.py): two attempts, two nodes.
+    res = _sweep(
+        fake_hosts,
+        running_cluster,
+        tmp_path,
+        "node_app.py",
+        "x=1,2",
+        "seconds=1",
+        "fail_on_last_node=true",
+        "hydra.launcher.retries=3",
+    )
+    sweep = tmp_path / "sweep"
+    assert res.returncode == 0, res.stdout
+    retried = [job for job in _jobs(sweep) if job["attempts"] != 1]
+    assert len(retried) == 1, res.stdout
+    job = retried[0]
+    home = sweep / str(job["idx"])
+    assert (home / "checkpoint.txt").read_text() == f"final from {job['node']}", res.stdout
+    # The failed attempt's other files, from the other node, are kept beside.
+    partial = [p.name for p in home.glob("partial_from_*")]
+    assert len(partial) == 1 and partial != [f"partial_from_{job['node']}"], partial
