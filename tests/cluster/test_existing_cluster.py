@@ -92,11 +92,14 @@ def _jobs(sweep: Path) -> list[dict[str, Any]]:
 def test_outputs_written_on_another_machine_come_home(
     fake_hosts: FakeHosts, running_cluster: str, tmp_path: Path
 ) -> None:
-    res = _sweep(fake_hosts, running_cluster, tmp_path, "app.py", "x=1,2,3", "raise_on=[3]")
+    # Jobs of a second: a job's start event reaches the actor before its end.
+    res = _sweep(
+        fake_hosts, running_cluster, tmp_path, "app.py", "x=1,2,3", "raise_on=[3]", "seconds=1"
+    )
     sweep = tmp_path / "sweep"
     assert res.returncode != 0, res.stdout  # job #2 raises
     # Ray Client has no streaming generators: start events came through an actor.
-    assert re.search(r"#0 : x=1 raise_on=\[3\] started on 127\.0\.0\.[23]", res.stdout)
+    assert re.search(r"#0 : x=1 raise_on=\[3\] seconds=1 started on 127\.0\.0\.[23]", res.stdout)
     # Each job's dir, with its files, is here, the failed job's too.
     for num in range(3):
         assert (sweep / str(num) / ".hydra" / "config.yaml").is_file(), res.stdout
