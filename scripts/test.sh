@@ -25,4 +25,17 @@ if [ $status -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here" >&2
   exit 1
 fi
-exit $status
+if [ $status -ne 0 ] || [ $# -gt 0 ]; then
+  exit $status
+fi
+# Users who install Hydra's official plugins get Hydra 1.4 pre-releases with
+# OmegaConf 2.4: Hydra's conformance suites and the no-warnings test run there too.
+MAIN_VENV=$VENV
+VENV=$ROOT/.venv-hydra14 EXTRAS="[test]" source "$ROOT/scripts/_venv.sh"
+VENV14=$ROOT/.venv-hydra14
+VENV=$MAIN_VENV
+"$VENV14/bin/pip" install -q "hydra-core==1.4.0rc3" "omegaconf==2.4.1rc1"
+"$VENV14/bin/python" -c 'import hydra, omegaconf; print("Hydra", hydra.__version__, "OmegaConf", omegaconf.__version__)'
+exec "$VENV14/bin/python" -m pytest -p no:cacheprovider tests/test_conformance.py \
+  tests/test_secrets.py tests/test_sweep_records.py \
+  "tests/test_ray_launcher.py::test_nothing_of_ours_warns_at_discovery_in_workers_or_per_job"

@@ -296,3 +296,20 @@ def test_example_simple_runs_on_local_ray(ray_session: str, tmp_path: Path) -> N
     assert res.returncode == 0, res.stderr
     for num in range(3):
         assert f"Executing task {num + 1}" in (sweep / str(num) / "my_app.log").read_text()
+
+
+def test_nothing_of_ours_warns_at_discovery_in_workers_or_per_job(
+    ray_session: str, tmp_path: Path
+) -> None:
+    """On Hydra 1.3 / OmegaConf 2.3 and on Hydra 1.4 / OmegaConf 2.4 (scripts/test.sh
+    runs this test on both)."""
+    res = run_app(
+        "app.py", "x=1,2,3", f"hydra.launcher.ray.init.address={ray_session}", cwd=tmp_path
+    )
+    assert res.returncode == 0, res.output
+    ours = [
+        line
+        for line in res.output.splitlines()
+        if ("hydra_ray_launcher" in line and "Warning" in line) or "plugins scanner" in line
+    ]
+    assert ours == [], res.output

@@ -8,10 +8,12 @@ from package metadata.
 
 import functools
 import importlib.metadata
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import omegaconf
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
@@ -397,11 +399,20 @@ def python_version(level: str = "minor") -> str:
     return ".".join(str(n) for n in sys.version_info[:count])
 
 
+def _resolver_registration() -> Any:
+    """OmegaConf 2.4 (with Hydra 1.4) renamed register_new_resolver to
+    register_resolver and warns on the old name; in 2.3, register_resolver is an
+    older, deprecated API with other semantics."""
+    version = tuple(int(p) for p in re.findall(r"\d+", omegaconf.__version__)[:2])
+    return OmegaConf.register_resolver if version >= (2, 4) else OmegaConf.register_new_resolver
+
+
 def register_configs() -> None:
     """Register the resolvers and store the launchers' configs in Hydra's
     ConfigStore (group hydra/launcher)."""
-    OmegaConf.register_new_resolver("ray_pkg_version", ray_pkg_version, replace=True)
-    OmegaConf.register_new_resolver("python_version", python_version, replace=True)
+    register = _resolver_registration()
+    register("ray_pkg_version", ray_pkg_version, replace=True)
+    register("python_version", python_version, replace=True)
     store = ConfigStore.instance()
     for name, node in (
         ("ray", RayLauncherConf),

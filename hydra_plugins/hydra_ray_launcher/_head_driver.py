@@ -31,6 +31,7 @@ from ._engine import Job, Policy
 from ._gather import JobDirs, LeftOnNode, gather_outputs
 from ._jobs import JobOutcome, JobStarted, SweepState
 from ._records import read_record, write_record
+from ._redact import redacted
 from ._report import SweepProgress
 from ._validate import ray_init_kwargs
 
@@ -98,7 +99,7 @@ def main(spec_path: str, returns_path: str) -> None:
     init = ray_init_kwargs(
         {**spec.init, "address": spec.init.get("address") or "auto", "runtime_env": runtime_env}
     )
-    log.info(f"Connecting to the cluster's Ray with config: {init}")
+    log.info(f"Connecting to the cluster's Ray with config: {redacted(init)}")
     ray.init(**init)
     shipped = _engine.ship_state(state)
     sweep_dir = Path(spec.sweep_dir).resolve()

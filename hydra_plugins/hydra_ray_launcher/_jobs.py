@@ -239,7 +239,7 @@ class _Prepared:
                 state.config, list(overrides)
             )
             with open_dict(config):
-                config.hydra.job.id = idx
+                config.hydra.job.id = str(idx)  # a str field: Hydra 1.4 warns on an int
                 config.hydra.job.num = idx
             HydraConfig.instance().set_config(config)
         except Exception as exc:  # composing the config failed: the job never runs
