@@ -166,3 +166,12 @@ def ray_head(env: dict[str, str]) -> Iterator[tuple[str, int]]:
             head.wait(timeout=15)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)  # and whatever did not stop in time
+
+
+def processes_in_session(sid: int) -> list[str]:
+    """Live processes of a session (zombies excluded: they are gone, only unreaped)."""
+    ps = subprocess.run(
+        ["ps", "-e", "-ww", "-o", "pid=,sid=,stat=,args="], capture_output=True, text=True
+    )
+    rows = [line.split(None, 3) for line in ps.stdout.splitlines()]
+    return [" ".join(r) for r in rows if len(r) == 4 and int(r[1]) == sid and "Z" not in r[2]]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import APPS, free_port, ray_head, run_app
+from .conftest import APPS, free_port, processes_in_session, ray_head, run_app
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
@@ -109,14 +109,6 @@ def test_a_missing_or_wrong_token_is_refused_in_seconds_with_the_reason(
     assert took < 30, f"{took:.0f} s"  # Ray alone says "Failed to connect" after 20 s
 
 
-def _session_processes(sid: int) -> list[str]:
-    ps = subprocess.run(
-        ["ps", "-e", "-ww", "-o", "pid=,sid=,stat=,args="], capture_output=True, text=True
-    )
-    rows = [line.split(None, 3) for line in ps.stdout.splitlines()]
-    return [" ".join(r) for r in rows if len(r) == 4 and int(r[1]) == sid and "Z" not in r[2]]
-
-
 @pytest.mark.parametrize("after_s", [0.5, 2.0])
 def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
     tmp_path: Path, after_s: float
@@ -148,6 +140,6 @@ def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
     assert proc.returncode in (130, -signal.SIGINT), seen + output
     assert took < 5, f"{took:.1f} s from Ctrl-C to exit"
     deadline = time.monotonic() + 5
-    while _session_processes(proc.pid) and time.monotonic() < deadline:
+    while processes_in_session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _session_processes(proc.pid) == []
+    assert processes_in_session(proc.pid) == []

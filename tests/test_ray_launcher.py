@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from .conftest import APPS, SMALL_RAY, ray_head, run_app
+from .conftest import APPS, SMALL_RAY, processes_in_session, ray_head, run_app
 
 REPO = Path(__file__).parent.parent
 # Ray 2.60 token authentication, off for a cluster and the apps that join it.
@@ -32,15 +32,6 @@ def _max_concurrency(records: list[dict[str, Any]]) -> int:
         running += step
         peak = max(peak, running)
     return peak
-
-
-def _processes_in_session(sid: int) -> list[str]:
-    """Live processes of a session (zombies excluded: they are gone, only unreaped)."""
-    ps = subprocess.run(
-        ["ps", "-e", "-ww", "-o", "pid=,sid=,stat=,args="], capture_output=True, text=True
-    )
-    rows = [line.split(None, 3) for line in ps.stdout.splitlines()]
-    return [" ".join(r) for r in rows if len(r) == 4 and int(r[1]) == sid and "Z" not in r[2]]
 
 
 def test_failed_and_killed_jobs_do_not_stop_the_others(ray_session: str, tmp_path: Path) -> None:
@@ -150,7 +141,7 @@ def test_ctrl_c_cancels_jobs_and_stops_ray(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             assert time.monotonic() < deadline, "jobs never started"
             time.sleep(0.2)
-        running = _processes_in_session(proc.pid)
+        running = processes_in_session(proc.pid)
         assert any("raylet" in p for p in running), running
         interrupted = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -162,7 +153,7 @@ def test_ctrl_c_cancels_jobs_and_stops_ray(tmp_path: Path) -> None:
     assert took < 10, f"took {took:.1f} s to exit"
     assert "Interrupted: cancelling 4 unfinished jobs" in output
     time.sleep(1)  # processes killed by Ray's shutdown may take a moment to be reaped
-    assert _processes_in_session(proc.pid) == []
+    assert processes_in_session(proc.pid) == []
     assert list(out.glob("done_*")) == []
 
 
