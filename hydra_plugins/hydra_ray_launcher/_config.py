@@ -37,13 +37,17 @@ class RayInitConf:
     # Reservable memory of the local node in bytes (Ray's `_memory`).
     memory: int | None = None
     object_store_memory: int | None = None
-    resources: dict[str, float] | None = None
-    labels: dict[str, str] | None = None
+    # Mappings (name -> amount, key -> value). Typed Any, as every dict-valued key
+    # here: OmegaConf 2.3 cannot set an Optional[Dict] that is null from the command
+    # line (`...resources={custom: 1}` crashes inside it).
+    resources: Any = None
+    labels: Any = None
     include_dashboard: bool | None = None
     dashboard_host: str | None = None
     dashboard_port: int | None = None
     namespace: str | None = None
-    runtime_env: dict[str, Any] | None = None
+    # Ray's runtime_env: {working_dir: ., env_vars: {K: v}, pip: [...], ...}.
+    runtime_env: Any = None
     log_to_driver: bool | None = None
     logging_level: str | None = None
 
@@ -58,16 +62,19 @@ class RayRemoteConf:
     # Memory a job reserves, in bytes; Ray schedules no more jobs on a node
     # than its memory allows.
     memory: int | None = None
-    resources: dict[str, float] | None = None
+    # Custom resources a job reserves: {name: amount}.
+    resources: Any = None
     accelerator_type: str | None = None
     # Times Ray runs a job again when its worker process or node dies.
     max_retries: int | None = None
     # Also run a job again when it raises (true, or a list of exception names).
     retry_exceptions: Any = None
-    runtime_env: dict[str, Any] | None = None
+    # A runtime_env for the jobs' tasks, on top of ray.init's.
+    runtime_env: Any = None
     # "DEFAULT" or "SPREAD" (spread jobs over the nodes of a cluster).
     scheduling_strategy: str | None = None
-    label_selector: dict[str, str] | None = None
+    # Node labels a job's node must have: {key: value}.
+    label_selector: Any = None
 
 
 @dataclass
@@ -236,11 +243,11 @@ class RayGenericClusterConf(RayClusterConf):
     upscaling_speed: float | None = None
     max_workers: int | None = None
     idle_timeout_minutes: float | None = None
-    docker: dict[str, Any] = field(default_factory=dict)
+    docker: Any = None
     # Required: set at least `type`, e.g. provider local with head_ip and worker_ips.
-    provider: dict[str, Any] = field(default_factory=dict)
-    auth: dict[str, Any] = field(default_factory=dict)
-    available_node_types: dict[str, Any] = field(default_factory=dict)
+    provider: Any = None
+    auth: Any = None
+    available_node_types: Any = None
     head_node_type: str | None = None
     initialization_commands: list[str] | None = None
     cluster_synced_files: list[str] | None = None
