@@ -637,3 +637,37 @@ def test_stop_cluster_false_without_a_cluster_name_is_refused_before_anything_st
     cfg.stop_cluster = False
     with pytest.raises(ConfigError, match=r"set hydra\.launcher\.ray\.cluster\.cluster_name"):
         named_cluster(cluster_config_for_ray(cfg), cfg, "app")
+
+
+def _without_aws(tmp_path: Path) -> dict[str, str]:
+    """A user's environment with no AWS credentials anywhere."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    # No instance role to ask for either (this is no EC2 instance).
+    return {**env, "HOME": str(home), "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def test_ray_aws_without_credentials_is_one_clear_error_before_anything(tmp_path: Path) -> None:
+    res = _run_app(
+        "--multirun", "x=1,2", "hydra/launcher=ray_aws", cwd=tmp_path, env=_without_aws(tmp_path)
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "hydra.launcher.ray.cluster.provider.type=aws: no AWS credentials found" in out
+    # Nothing was created: no teardown line, no jobs listed as interrupted, no traceback.
+    assert "Tearing down" not in out and "Creating or updating" not in out
+    assert "interrupted" not in out and "Traceback" not in out
+
+
+def test_ray_aws_without_boto3_says_how_to_install_it(tmp_path: Path) -> None:
+    # A stand-in for a machine without boto3: an import of it fails as it would.
+    blocker = tmp_path / "no_boto3" / "boto3"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError(\"No module named 'boto3'\")\n")
+    env = {**_without_aws(tmp_path), "PYTHONPATH": str(blocker.parent)}
+    res = _run_app("--multirun", "x=1", "hydra/launcher=ray_aws", cwd=tmp_path, env=env)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert 'pip install "hydra-ray-launcher[aws]"' in out
+    assert "Tearing down" not in out and "interrupted" not in out

@@ -34,6 +34,7 @@ from ._sweep import SweepBook, run_batch, sweep_settings
 from ._sync import rsync_command
 from ._validate import (
     check_launch_preconditions,
+    check_provider_access,
     cluster_config_for_ray,
     named_cluster,
     plain_dict,
@@ -77,6 +78,7 @@ def launch(
             cluster_config_for_ray(settings), settings, str(config.hydra.job.name)
         )
         validate_cluster_config(cluster_config)
+        check_provider_access(cluster_config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         launcher.book = SweepBook(sweep_dir, list(config.hydra.overrides.task), sweep)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import HydraException
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,9 @@ _NODE_RESOURCE_KEYS = (
 )
 
 
-class ConfigError(HydraException):
-    """A launcher config value that cannot work; the message names the key and the fix."""
+class ConfigError(CompactHydraException):
+    """A launcher config value that cannot work; the message names the key and the fix.
+    Compact: Hydra prints the message alone, not a traceback of the plugin."""
 
 
 def plain_dict(node: DictConfig) -> dict[str, Any]:
@@ -127,6 +128,28 @@ def cluster_config_for_ray(launcher_cfg: DictConfig) -> dict[str, Any]:
         *cluster.get("setup_commands", []),
     ]
     return cluster
+
+
+def check_provider_access(cluster: Mapping[str, Any]) -> None:
+    """Refuse, before anything is created, a cloud provider this machine cannot
+    reach: for AWS, boto3 missing (Ray's AWS provider imports it) or no
+    credentials to sign with. Raises ConfigError."""
+    if (cluster.get("provider") or {}).get("type") != "aws":
+        return
+    try:
+        import boto3
+    except ImportError:
+        raise ConfigError(
+            f"{_CLUSTER_KEY}.provider.type=aws needs boto3, which is not installed here: "
+            'pip install "hydra-ray-launcher[aws]" (or boto3)'
+        ) from None
+    if boto3.session.Session().get_credentials() is None:
+        raise ConfigError(
+            f"{_CLUSTER_KEY}.provider.type=aws: no AWS credentials found on this machine "
+            "(~/.aws/credentials, AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or an "
+            "instance role). Run `aws configure` or set them, then run again: nothing was "
+            "created"
+        )
 
 
 def named_cluster(
