@@ -3,6 +3,7 @@ subprocesses on a real Ray."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,31 @@ def test_failed_and_killed_jobs_do_not_stop_the_others(ray_session: str, tmp_pat
     assert "Job #2 (x=3 raise_on=[2] die_on=[3] seconds=0.5) did not complete" in res.output
     assert "WorkerCrashedError" in res.output
     assert "4 jobs done" in res.output and "2 succeeded, 2 failed (#1, #2)" in res.output
+
+
+def test_a_job_that_ray_ran_again_after_its_process_died_says_so(
+    ray_session: str, tmp_path: Path
+) -> None:
+    sweep, out = tmp_path / "sweep", tmp_path / "out"
+    res = run_app(
+        "app.py",
+        "x=1,2",
+        "die_first=[2]",
+        f"out={out}",
+        "hydra.launcher.ray.remote.max_retries=1",
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.output
+    assert len((out / "runs_1").read_text().splitlines()) == 2  # killed once, then succeeded
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(j["status"], j["attempts"], j["ray_reruns"]) for j in jobs] == [
+        ("succeeded", 1, 0),
+        ("succeeded", 1, 1),
+    ]
+    assert "run again by Ray after its first process died" in res.output
+    assert re.search(r"^\| 1 \| .*\| +1 \+1 Ray \|", res.output, flags=re.MULTILINE), res.output
 
 
 def test_a_failed_job_keeps_its_traceback_in_its_log(ray_session: str, tmp_path: Path) -> None:

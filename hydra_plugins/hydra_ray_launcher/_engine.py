@@ -105,6 +105,8 @@ class _Attempt:
     node: str = "?"
     node_id: str = ""
     job_dir: str | None = None
+    # The pid of the worker process it said it runs in.
+    pid: int | None = None
 
 
 def run_jobs(
@@ -175,6 +177,7 @@ def run_jobs(
             if (attempt.job.idx, attempt.number) == (item.idx, item.attempt):
                 attempt.started, attempt.node = time.monotonic(), item.node
                 attempt.node_id, attempt.job_dir = item.node_id, item.job_dir
+                attempt.pid = item.pid
                 progress.started(item.idx, item.node, item.attempt)
 
     try:
@@ -321,8 +324,14 @@ def _next_item(ref: Any, attempt: _Attempt) -> JobStarted | JobOutcome:
 
     job = attempt.job
     try:
-        item = ray.get(next(ref) if isinstance(ref, ray.ObjectRefGenerator) else ref)
+        item: JobStarted | JobOutcome = ray.get(
+            next(ref) if isinstance(ref, ray.ObjectRefGenerator) else ref
+        )
         assert isinstance(item, JobStarted | JobOutcome)
+        if isinstance(item, JobOutcome) and attempt.pid is not None and item.pid != attempt.pid:
+            # Another process than the one that started it: its first process
+            # died and Ray ran the task again (its start event is not repeated).
+            item.ray_reruns = 1
         return item
     except (ray.exceptions.RayError, StopIteration) as exc:
         cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc

@@ -94,6 +94,9 @@ class JobOutcome:
     # The failure came from the task function (a retry may succeed), not from
     # composing the config or from the job's process dying.
     task_raised: bool = False
+    # Runs Ray made after the job's process or node died (hydra.launcher.ray.remote
+    # .max_retries), at least this many: Ray does not say how often.
+    ray_reruns: int = 0
     # SUCCEEDED, FAILED, TIMED_OUT or INTERRUPTED.
     status: str = SUCCEEDED
     # Taken from the record of an earlier run of the sweep (resume), not run now.

@@ -268,6 +268,7 @@ def _summary_entry(o: JobOutcome) -> dict[str, Any]:
         "status": o.status,
         "resumed": o.resumed,
         "attempts": o.attempt,
+        "ray_reruns": o.ray_reruns,
         "duration_s": round(o.duration, 3) if ran else None,
         "started": _iso(o.started) if ran else None,
         "ended": _iso(o.ended) if ran else None,

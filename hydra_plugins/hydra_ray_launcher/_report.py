@@ -98,6 +98,8 @@ class SweepProgress:
         done = self._already + sum(self._counts.values())
         ov = describe(self._overrides[outcome.idx])
         tries = f" (attempt {outcome.attempt})" if outcome.attempt > 1 else ""
+        if outcome.ray_reruns:
+            tries += ", run again by Ray after its first process died"
         where = f"{outcome.duration:.2f} s on {outcome.node}{tries}"
         if outcome.status == SUCCEEDED:
             self._event(f"[{done}/{self._total}] #{outcome.idx} : {ov} succeeded in {where}")
@@ -270,7 +272,7 @@ def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int 
             Text(describe(o.job_return.overrides or [])),
             Text(status, style=style.get(o.status, "") if terminal else ""),
             Text(f"{o.duration:.1f} s" if o.status != INTERRUPTED else ""),
-            Text(str(o.attempt)),
+            Text(f"{o.attempt} +{o.ray_reruns} Ray" if o.ray_reruns else str(o.attempt)),
             Text(o.node),
             Text(o.error or ""),
         )

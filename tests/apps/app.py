@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> Any:
         raise ValueError(f"job {num} was told to raise")
     if cfg.x in cfg.fail_first and run_number == 1:
         raise RuntimeError(f"job {num} fails its first run")
-    if cfg.x in cfg.die_on:
+    if cfg.x in cfg.die_on or (cfg.x in cfg.die_first and run_number == 1):
         os._exit(3)
     record = {
         "num": num,
