@@ -453,6 +453,7 @@ def test_run_batch_returns_job_returns_in_order_and_writes_the_summary(tmp_path:
         "status": SUCCEEDED,
         "resumed": False,
         "attempts": 2,
+        "ray_reruns": 0,
         "duration_s": 2.5,
         "started": "1970-01-01T00:16:40+00:00",
         "ended": "1970-01-01T00:16:42+00:00",
