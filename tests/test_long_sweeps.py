@@ -232,6 +232,7 @@ def test_an_interrupted_sweep_resumes_without_running_finished_jobs_again(
             "jobs #0 and #1",
         )
         _wait_for(lambda: (out / "started_2").exists(), 60, "job #2 to start")
+        time.sleep(1)  # its start event reaches the driver
         proc.send_signal(signal.SIGINT)
         first, _ = proc.communicate(timeout=60)
     finally:
@@ -240,6 +241,8 @@ def test_an_interrupted_sweep_resumes_without_running_finished_jobs_again(
     interrupted = _jobs(sweep)
     assert [interrupted[i]["status"] for i in (0, 1)] == ["succeeded", "succeeded"]
     assert {interrupted[i]["status"] for i in range(2, 6)} == {"interrupted"}
+    # A job interrupted while it ran names its node; a queued one has none.
+    assert interrupted[2]["node"] is not None and interrupted[4]["node"] is None
     assert "hydra.launcher.resume=true" in first
     runs_before = {num: _runs(out, num) for num in range(6)}
     assert runs_before[0] == runs_before[1] == 1 and runs_before[2] == 1

@@ -15,7 +15,7 @@ from . import _engine
 from ._connect import check_connection
 from ._engine import Job
 from ._gather import JobDirs, gather_outputs
-from ._jobs import JobOutcome, capture_sweep_state
+from ._jobs import JobOutcome, JobStarted, capture_sweep_state
 from ._records import write_record
 from ._redact import redacted
 from ._report import SweepProgress
@@ -75,6 +75,10 @@ def launch(
             configs = {job.idx: loader.load_sweep_config(config, job.overrides) for job in jobs}
         job_dirs = JobDirs()
 
+        def started(event: JobStarted) -> None:
+            job_dirs.job_started(event)
+            book.started_on[event.idx] = event.node
+
         def finished(outcome: JobOutcome) -> None:
             job_dirs.job_finished(outcome)
             write_record(book.sweep_dir, outcome)
@@ -93,7 +97,7 @@ def launch(
                     progress=progress,
                     configs=configs,
                     on_finished=finished,
-                    on_started=job_dirs.job_started,
+                    on_started=started,
                 )
         finally:
             # On a cluster of several machines, bring home what jobs wrote on the

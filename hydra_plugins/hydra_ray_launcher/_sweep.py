@@ -96,6 +96,9 @@ class SweepBook:
         self.task_overrides = list(task_overrides)
         self.settings = settings
         self.outcomes: dict[int, JobOutcome] = {}
+        # The node each job last said it started on, where the driver sees start
+        # events (the `ray` launcher): an interrupted job's row names it.
+        self.started_on: dict[int, str] = {}
         self._jobs: dict[int, list[str]] = {}
         self._earlier_jobs: dict[int, list[str]] | None = None
 
@@ -254,7 +257,9 @@ def run_batch(
     except BaseException:
         # What finished has its record (written by the driver that received it).
         for job in to_run:
-            book.outcomes[job.idx] = read_record(book.sweep_dir, job.idx) or _unfinished(job)
+            book.outcomes[job.idx] = read_record(book.sweep_dir, job.idx) or _unfinished(
+                job, book.started_on.get(job.idx, "")
+            )
         _summarise(book, jobs, interrupted=True)
         raise
     book.outcomes.update((o.idx, o) for o in outcomes)
@@ -262,11 +267,11 @@ def run_batch(
     return [book.outcomes[job.idx].job_return for job in jobs]
 
 
-def _unfinished(job: Job) -> JobOutcome:
+def _unfinished(job: Job, node: str) -> JobOutcome:
     job_return = JobReturn(overrides=list(job.overrides), status=JobStatus.FAILED)
     job_return.return_value = JobError(f"Job #{job.idx} did not finish: the sweep was stopped")
     return JobOutcome(
-        idx=job.idx, job_return=job_return, started=0.0, ended=0.0, node="", status=INTERRUPTED
+        idx=job.idx, job_return=job_return, started=0.0, ended=0.0, node=node, status=INTERRUPTED
     )
 
 
