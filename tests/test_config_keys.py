@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.singleton import Singleton
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hydra_plugins.hydra_ray_launcher._config import (
@@ -73,6 +74,16 @@ CASES = [
     for name, conf in LAUNCHERS.items()
     for key, kind, default in _leaves(conf)
 ]
+
+
+@pytest.fixture(autouse=True)
+def _hydra_state_restored() -> Iterator[None]:
+    """compose() in this process leaves Hydra's singletons set; the in-process
+    conformance suites that run later must find them as they were."""
+    before = dict(Singleton._instances)
+    yield
+    Singleton._instances.clear()
+    Singleton._instances.update(before)
 
 
 def _compose(launcher: str, override: str) -> DictConfig:
