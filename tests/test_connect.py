@@ -138,7 +138,7 @@ def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode in (130, -signal.SIGINT), seen + output
-    assert took < 5, f"{took:.1f} s from Ctrl-C to exit"
+    assert took < 10, f"{took:.1f} s from Ctrl-C to exit"  # ~1 s here; CI is loaded
     deadline = time.monotonic() + 5
     while processes_in_session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)

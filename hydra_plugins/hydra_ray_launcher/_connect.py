@@ -21,7 +21,7 @@ from ._validate import ConfigError
 log = logging.getLogger(__name__)
 
 _KEY = "hydra.launcher.ray.init.address"
-_PROBE_TIMEOUT_S = 5.0
+_PROBE_TIMEOUT_S = 10.0
 _TOKEN_HELP = (
     "Put the cluster's token (on its head: `ray get-auth-token`) in ~/.ray/auth_token or "
     "RAY_AUTH_TOKEN on this machine"
