@@ -50,10 +50,19 @@ class AppRun:
 
 
 def run_app(
-    app: str, *overrides: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180
+    app: str,
+    *overrides: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
+    timeout: float = 180,
 ) -> AppRun:
-    """Run `python tests/apps/<app> --multirun <overrides>` in `cwd`."""
+    """Run `python tests/apps/<app> --multirun <overrides>` in `cwd`, in this
+    process's environment plus `env` and without the variables in `unset`.
+
+    (`unset` matters: the session's `ray.init()` sets RAY_AUTH_MODE=token here.)"""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    env = {k: v for k, v in env.items() if k not in unset}
     res = subprocess.run(
         [sys.executable, str(APPS / app), "--multirun", *overrides],
         cwd=cwd,

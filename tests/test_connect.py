@@ -15,11 +15,14 @@ import pytest
 
 from .conftest import APPS, free_port, processes_in_session, ray_head, run_app
 
+# Not in a fresh shell; the session's own `ray.init()` sets RAY_AUTH_MODE here.
+FRESH_SHELL = ("RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     """The user's environment: a HOME of their own (its ~/.ray/auth_token, if
     any, is their token) and no RAY_AUTH_MODE, as in a fresh shell."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL}
     return {**env, "HOME": str(home), **extra}
 
 
@@ -75,6 +78,7 @@ def test_this_machines_token_is_used_when_the_cluster_asks_for_one(
         f"hydra.sweep.dir={tmp_path / 's'}",
         cwd=tmp_path,
         env=_env(_home(tmp_path, "user", token)),
+        unset=FRESH_SHELL,
     )
     assert res.returncode == 0, res.output
     assert "requires a token: using this machine's (RAY_AUTH_MODE=token)" in res.output
@@ -100,6 +104,7 @@ def test_a_missing_or_wrong_token_is_refused_in_seconds_with_the_reason(
         f"hydra.launcher.ray.init.address={address}",
         cwd=tmp_path,
         env=_env(_home(tmp_path, "user", token)),
+        unset=FRESH_SHELL,
         timeout=60,
     )
     took = time.monotonic() - started
@@ -142,4 +147,5 @@ def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
     deadline = time.monotonic() + 5
     while processes_in_session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert processes_in_session(proc.pid) == []
+    left = processes_in_session(proc.pid)
+    assert left == [], "\n".join(left)

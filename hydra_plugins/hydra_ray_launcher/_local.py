@@ -16,6 +16,7 @@ from ._connect import check_connection
 from ._engine import Job
 from ._gather import JobDirs, gather_outputs
 from ._jobs import JobOutcome, JobStarted, capture_sweep_state
+from ._procs import descendants, kill_new_descendants
 from ._records import write_record
 from ._redact import redacted
 from ._report import SweepProgress
@@ -160,11 +161,13 @@ def start_ray(init: dict[str, Any]) -> None:
         for handler in logging.getLogger("ray").handlers:
             handler.addFilter(_strip_colours)
     check_connection(kwargs)
+    before = descendants()
     try:
         ray.init(**kwargs)
     except KeyboardInterrupt:
         # Ctrl-C while Ray starts: stop what it started so far, now, not at exit
-        # (Ray's exit hooks would leave processes for seconds and exit with 1).
+        # (Ray's exit hooks would leave its agents for a minute and exit with 1).
+        kill_new_descendants(before)
         ray.shutdown()
         raise
     except (ValueError, TypeError, RuntimeError, ConnectionError) as exc:
