@@ -84,11 +84,12 @@ class RayConf:
 
 
 @dataclass
-class RayLauncherConf:
-    _target_: str = "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
-    ray: RayConf = field(default_factory=RayConf)
+class SweepRunConf:
+    """The keys every launcher of this plugin has: how a sweep runs."""
+
     # On a terminal: a live display of the sweep (counts, time left, latest job
-    # events). false, or not a terminal: one log line per job event.
+    # events; on a cluster, drawn by the head's driver). false, or not a
+    # terminal: one log line per job event.
     progress: bool = True
     # Seconds a job (each attempt) may run; then it is cancelled and reported as
     # timed out, and the other jobs go on. null: no limit.
@@ -99,6 +100,16 @@ class RayLauncherConf:
     # true, with hydra.sweep.dir=<an earlier sweep's dir>: the jobs that succeeded
     # there are not run again (their recorded results are returned); the others run.
     resume: bool = False
+    # true: start nothing (no Ray, no cluster, no upload); run every check a real
+    # run makes before it spends, print the plan and every problem, and exit
+    # (0 when the plan holds).
+    dry_run: bool = False
+
+
+@dataclass
+class RayLauncherConf(SweepRunConf):
+    _target_: str = "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
+    ray: RayConf = field(default_factory=RayConf)
 
 
 # ---- The cluster launchers (`ray_aws`, `ray_cluster`) ----
@@ -324,7 +335,7 @@ class RayTeardownClusterConf:
 
 
 @dataclass
-class RayAWSLauncherConf:
+class RayAWSLauncherConf(SweepRunConf):
     """The `ray_aws` launcher: creates (or updates) a cluster on AWS with Ray's
     cluster launcher, runs the sweep there, and tears the cluster down."""
 
@@ -343,19 +354,6 @@ class RayAWSLauncherConf:
         default_factory=RayCreateOrUpdateClusterConf
     )
     teardown_cluster: RayTeardownClusterConf = field(default_factory=RayTeardownClusterConf)
-    # On a terminal: a live display of the sweep, drawn by the head's driver
-    # (counts, time left, latest job events). false, or not a terminal: one log
-    # line per job event.
-    progress: bool = True
-    # Seconds a job (each attempt) may run; then it is cancelled and reported as
-    # timed out, and the other jobs go on. null: no limit.
-    job_timeout_s: float | None = None
-    # How many more times a job whose task function raises runs again (in the same
-    # job dir). A job whose process or node dies is retried by Ray: ray.remote.max_retries.
-    retries: int = 0
-    # true, with hydra.sweep.dir=<an earlier sweep's dir>: the jobs that succeeded
-    # there are not run again (their recorded results are returned); the others run.
-    resume: bool = False
 
 
 @dataclass

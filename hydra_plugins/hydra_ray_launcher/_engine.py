@@ -27,7 +27,7 @@ from ._jobs import (
     run_one_job_reporting,
 )
 from ._report import describe
-from ._validate import ConfigError, without_nulls
+from ._validate import check_remote_options, without_nulls
 
 if TYPE_CHECKING:
     from ._report import SweepProgress
@@ -58,21 +58,6 @@ def ship_state(state: SweepState) -> ShippedState:
         ref=ray.put(cloudpickle.dumps(state)),
         ray_job_id=ray.get_runtime_context().get_job_id(),
     )
-
-
-def task_options(remote: Mapping[str, Any]) -> dict[str, Any]:
-    """The `ray.remote` options of every job's task, checked by Ray itself."""
-    import ray
-
-    options = without_nulls(remote)
-    try:
-        ray.remote(run_one_job).options(**options)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(
-            f"hydra.launcher.ray.remote is not valid for ray.remote(): {exc}. "
-            "Use the option names and value types of ray.remote()."
-        ) from exc
-    return options
 
 
 @dataclass(frozen=True)
@@ -137,10 +122,10 @@ def run_jobs(
     # plain tasks that tell a small actor when they start.
     board: Any = ray.remote(num_cpus=0)(StartBoard).remote() if _ray_client() else None
     if board is None:
-        options = {**task_options(remote), "num_returns": "streaming"}
+        options = {**check_remote_options(remote), "num_returns": "streaming"}
         task = ray.remote(run_one_job)
     else:
-        options = task_options(remote)
+        options = check_remote_options(remote)
         task = ray.remote(run_one_job_reporting)
     attempts = policy.retries + 1
     running: dict[Any, _Attempt] = {}

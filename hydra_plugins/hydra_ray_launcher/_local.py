@@ -20,7 +20,7 @@ from ._procs import descendants, kill_new_descendants
 from ._records import write_record
 from ._redact import redacted
 from ._report import SweepProgress
-from ._sweep import SweepBook, run_batch, sweep_settings
+from ._sweep import SweepBook, run_batch, sweep_settings, task_overrides
 from ._validate import ConfigError, plain_dict, ray_init_kwargs
 
 if TYPE_CHECKING:
@@ -50,12 +50,14 @@ def launch(
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    if settings.dry_run:
+        from ._plan import dry_run_local
+
+        dry_run_local(launcher.hydra_context, config, job_overrides, initial_job_idx)
     if launcher.book is None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        launcher.book = SweepBook(
-            sweep_dir, list(config.hydra.overrides.task), sweep_settings(settings)
-        )
+        launcher.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
     book = launcher.book
     init = plain_dict(settings.ray.init)
     remote = plain_dict(settings.ray.remote)

@@ -30,7 +30,7 @@ from ._engine import Job
 from ._head_driver import GATHER_REPORT, PLUGIN_DIR, JobSpec, load_outcomes
 from ._jobs import JobOutcome, capture_sweep_state
 from ._records import RECORD_DIR
-from ._sweep import SweepBook, run_batch, sweep_settings
+from ._sweep import SweepBook, run_batch, sweep_settings, task_overrides
 from ._sync import rsync_command
 from ._validate import (
     check_launch_preconditions,
@@ -70,6 +70,11 @@ def launch(
     settings: DictConfig = config.hydra.launcher
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    if settings.dry_run:
+        from ._plan import dry_run_cluster
+
+        choice = config.hydra.runtime.choices.get("hydra/launcher", "ray_aws")
+        dry_run_cluster(launcher.hydra_context, config, job_overrides, initial_job_idx, str(choice))
     if launcher.lifetime is None:
         # Everything that can be refused is refused here, before anything costs.
         sweep = sweep_settings(settings)
@@ -81,7 +86,7 @@ def launch(
         check_provider_access(cluster_config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        launcher.book = SweepBook(sweep_dir, list(config.hydra.overrides.task), sweep)
+        launcher.book = SweepBook(sweep_dir, task_overrides(config), sweep)
         launcher.lifetime = ClusterLifetime(settings, cluster_config)
     book = launcher.book
     lifetime = launcher.lifetime

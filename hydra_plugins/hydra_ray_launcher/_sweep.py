@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ._engine import Job, Policy
 from ._jobs import INTERRUPTED, SUCCEEDED, JobError, JobOutcome
@@ -61,6 +61,14 @@ class SweepSettings:
         return want_live(self.progress)
 
 
+def task_overrides(config: DictConfig) -> list[str]:
+    """The sweep's command-line overrides as typed (`x=${y}` stays text: it is
+    the job's config that resolves it)."""
+    overrides = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+    assert isinstance(overrides, list)
+    return [str(o) for o in overrides]
+
+
 def sweep_settings(launcher: DictConfig) -> SweepSettings:
     retries = launcher.retries
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
@@ -102,18 +110,33 @@ class SweepBook:
         self._jobs: dict[int, list[str]] = {}
         self._earlier_jobs: dict[int, list[str]] | None = None
 
-    def plan(self, jobs: Sequence[Job]) -> tuple[list[JobOutcome], list[Job]]:
+    def plan(self, jobs: Sequence[Job], *, dry: bool = False) -> tuple[list[JobOutcome], list[Job]]:
         """The outcomes taken from an earlier run of the sweep (resume), and the
         jobs to run now. Raises ConfigError, having changed nothing, if the
-        earlier run's files do not fit this sweep or cannot be read."""
+        earlier run's files do not fit this sweep or cannot be read. `dry`: only
+        read (a dry run): nothing is moved, removed or written."""
         if self._earlier_jobs is None:
-            self._earlier_jobs = self._open()
+            earlier = self._open(dry=dry)
+            if dry:
+                return self._planned(jobs, earlier)[:2]
+            self._earlier_jobs = earlier
+        reused, to_run, stale = self._planned(jobs, self._earlier_jobs)
+        for idx in stale:
+            remove_record(self.sweep_dir, idx)
+        self._jobs.update((job.idx, job.overrides) for job in jobs)
+        write_manifest(self.sweep_dir, self.task_overrides, self._jobs)
+        return reused, to_run
+
+    def _planned(
+        self, jobs: Sequence[Job], earlier_jobs: dict[int, list[str]]
+    ) -> tuple[list[JobOutcome], list[Job], list[int]]:
+        """The reused outcomes, the jobs to run and the stale failures' numbers."""
         reused: list[JobOutcome] = []
         to_run: list[Job] = []
         stale: list[int] = []
         unusable: list[UnreadableRecord] = []
         for job in jobs:
-            earlier = self._earlier_jobs.get(job.idx)
+            earlier = earlier_jobs.get(job.idx)
             if earlier is not None and sorted(earlier) != sorted(job.overrides):
                 raise self._refusal(
                     f"its job #{job.idx} had the overrides {earlier}, this run's has "
@@ -151,16 +174,19 @@ class SweepBook:
                 )
         if unusable:
             raise self._unusable(unusable)
-        for idx in stale:
-            remove_record(self.sweep_dir, idx)
-        self._jobs.update((job.idx, job.overrides) for job in jobs)
-        write_manifest(self.sweep_dir, self.task_overrides, self._jobs)
-        return reused, to_run
+        return reused, to_run, stale
 
-    def _open(self) -> dict[int, list[str]]:
+    def _open(self, *, dry: bool = False) -> dict[int, list[str]]:
         """At the first batch: check the earlier sweep a resume continues, or
-        move aside the one a new sweep replaces."""
+        move aside the one a new sweep replaces (`dry`: say so, move nothing)."""
         if not self.settings.resume:
+            if dry:
+                if job_records(self.sweep_dir) or (self.sweep_dir / RECORD_DIR / MANIFEST).exists():
+                    log.warning(
+                        f"{self.sweep_dir} holds an earlier sweep's job records: the run "
+                        "would move them aside (hydra.launcher.resume=false)"
+                    )
+                return {}
             aside = set_earlier_sweep_aside(self.sweep_dir)
             if aside is not None:
                 log.warning(
@@ -195,7 +221,8 @@ class SweepBook:
             raise self._refusal(
                 f"it was run with {manifest.task_overrides}, this run has {self.task_overrides}"
             )
-        self._jobs = dict(manifest.jobs)
+        if not dry:
+            self._jobs = dict(manifest.jobs)
         return dict(manifest.jobs)
 
     def _restore_or_start_over(self) -> str:

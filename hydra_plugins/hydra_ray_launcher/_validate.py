@@ -327,45 +327,92 @@ def _schema_error_message(exc: Any) -> str:
 
 def check_launch_preconditions(launcher_cfg: DictConfig) -> None:
     """Refuse, before anything is created, a cluster launcher config that cannot
-    work: contradicting options, a missing sync_up source, missing rsync/ssh, and
-    logging or run_env values out of range. Raises ConfigError."""
+    work (every problem of `launch_problems`, and `ray.remote` options Ray
+    refuses, in one error). Raises ConfigError."""
+    problems = launch_problems(launcher_cfg)
+    try:
+        check_remote_options(plain_dict(launcher_cfg.ray.remote))
+    except ConfigError as exc:
+        problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigError("\n".join(str(p) for p in problems))
+
+
+def launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+    """What makes a cluster launcher config unworkable before any cluster exists:
+    contradicting options, a missing sync_up source, missing rsync/ssh, logging
+    or run_env values out of range."""
+    problems = []
     create = launcher_cfg.create_update_cluster
     if create.restart_only and create.no_restart:
-        raise ConfigError(
-            "hydra.launcher.create_update_cluster.restart_only=true and "
-            "hydra.launcher.create_update_cluster.no_restart=true contradict each other "
-            "(restart Ray only / never restart it): set at most one of them"
+        problems.append(
+            ConfigError(
+                "hydra.launcher.create_update_cluster.restart_only=true and "
+                "hydra.launcher.create_update_cluster.no_restart=true contradict each other "
+                "(restart Ray only / never restart it): set at most one of them"
+            )
         )
     source_dir = launcher_cfg.sync_up.source_dir
     if source_dir is not None:
         source = Path(str(source_dir)).expanduser().absolute()
         if not source.is_dir():
-            raise ConfigError(
-                f"hydra.launcher.sync_up.source_dir={source_dir}: {source} is not a directory. "
-                "Give a directory relative to the working dir or absolute, or null to upload "
-                "nothing."
+            problems.append(
+                ConfigError(
+                    f"hydra.launcher.sync_up.source_dir={source_dir}: {source} is not a "
+                    "directory. Give a directory relative to the working dir or absolute, or "
+                    "null to upload nothing."
+                )
             )
     missing = [tool for tool in ("rsync", "ssh") if shutil.which(tool) is None]
     if missing:
-        raise ConfigError(
-            f"{' and '.join(missing)} not found on PATH: the cluster launchers need rsync and "
-            "ssh on this machine. Install them (e.g. `apt-get install rsync openssh-client`, "
-            "or `brew install rsync`)."
+        problems.append(
+            ConfigError(
+                f"{' and '.join(missing)} not found on PATH: the cluster launchers need rsync "
+                "and ssh on this machine. Install them (e.g. `apt-get install rsync "
+                "openssh-client`, or `brew install rsync`)."
+            )
         )
     logging_cfg = launcher_cfg.logging
     for key, choices in _LOGGING_CHOICES.items():
         value = str(logging_cfg[key]).lower()
         if value not in choices:
-            raise ConfigError(
-                f"hydra.launcher.logging.{key}={logging_cfg[key]} is not one of "
-                f"{', '.join(choices)}"
+            problems.append(
+                ConfigError(
+                    f"hydra.launcher.logging.{key}={logging_cfg[key]} is not one of "
+                    f"{', '.join(choices)}"
+                )
             )
     if not 0 <= logging_cfg.verbosity <= 3:
-        raise ConfigError(
-            f"hydra.launcher.logging.verbosity={logging_cfg.verbosity} is not in 0..3"
+        problems.append(
+            ConfigError(f"hydra.launcher.logging.verbosity={logging_cfg.verbosity} is not in 0..3")
         )
     if launcher_cfg.ray.run_env not in _RUN_ENVS:
-        raise ConfigError(
-            f"hydra.launcher.ray.run_env={launcher_cfg.ray.run_env} is not one of "
-            f"{', '.join(_RUN_ENVS)}"
+        problems.append(
+            ConfigError(
+                f"hydra.launcher.ray.run_env={launcher_cfg.ray.run_env} is not one of "
+                f"{', '.join(_RUN_ENVS)}"
+            )
         )
+    return problems
+
+
+def check_remote_options(remote: Mapping[str, Any]) -> dict[str, Any]:
+    """The `ray.remote` options of every job's task, checked by ray.remote()
+    itself (no Ray needs to run): returns them without nulls. Raises ConfigError."""
+    import ray
+
+    options = without_nulls(remote)
+    try:
+        ray.remote(_no_op).options(**options)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"hydra.launcher.ray.remote is not valid for ray.remote(): {str(exc).rstrip('.')}. "
+            "Use the option names and value types of ray.remote()."
+        ) from None
+    return options
+
+
+def _no_op() -> None:
+    pass
