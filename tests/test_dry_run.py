@@ -245,9 +245,7 @@ def _node_types(head: tuple[str, str], worker: tuple[str, str]) -> str:
 def test_aws_dry_run_checks_each_node_type_with_ec2_and_creates_nothing(
     moto: MotoServer, tmp_path: Path
 ) -> None:
-    res = _aws_dry_run(
-        moto, tmp_path, _node_types((MOTO_AMI, "m5.large"), (MOTO_AMI, "m5.large"))
-    )
+    res = _aws_dry_run(moto, tmp_path, _node_types((MOTO_AMI, "m5.large"), (MOTO_AMI, "m5.large")))
     assert res.returncode == 0, res.output
     out = res.output
     assert "credentials: arn:aws:sts::" in out
