@@ -310,3 +310,20 @@ def test_ec2_answers_to_a_dry_run_become_problems_that_say_what_to_do(
         assert problem is None
     else:
         assert problem is not None and says in problem
+
+
+def test_a_job_whose_override_does_not_resolve_fails_alone_in_a_real_run(
+    tmp_path: Path, ray_session: str
+) -> None:
+    # (The sweep's own bookkeeping once resolved the overrides and crashed the sweep.)
+    sweep = tmp_path / "sweep"
+    res = _run(
+        "x=1,${nope}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert res.returncode != 0
+    assert (sweep / "0" / "done_0.json").is_file(), res.output
+    assert "Interpolation key 'nope' not found" in res.output
+    assert "1 succeeded, 1 failed" in res.output, res.output

@@ -12,7 +12,6 @@ problem, each naming its key and the fix.
 Ray and boto3 are imported inside functions: Hydra imports this package at every start.
 """
 
-import copy
 import logging
 import os
 import subprocess
@@ -178,8 +177,8 @@ def plan_remote(plan: Plan, remote: Mapping[str, Any]) -> None:
     options = plan.check(lambda: check_remote_options(remote))
     if options is None:
         return
-    shown = ", ".join(f"{k}={v}" for k, v in redacted(options).items()) or "Ray's defaults"
-    plan.add("Each job (ray.remote)", [f"{shown} (Ray's default: num_cpus=1)"])
+    shown = ", ".join(f"{k}={v}" for k, v in redacted(options).items())
+    plan.add("Each job (ray.remote)", [shown or "Ray's defaults (num_cpus=1)"])
 
 
 def plan_local_capacity(plan: Plan, init: Mapping[str, Any], remote: Mapping[str, Any]) -> None:
@@ -229,15 +228,9 @@ def _physical_memory() -> int:
 # ---- The cluster launchers ----
 
 
-def plan_cluster(plan: Plan, cluster: Mapping[str, Any]) -> None:
+def plan_cluster(plan: Plan, prepared: Mapping[str, Any]) -> None:
     """The cluster config as Ray's cluster launcher would get it (its own
     defaults filled in), its node types and the order of its commands."""
-    from ray.autoscaler._private.util import prepare_config
-
-    try:
-        prepared = prepare_config(copy.deepcopy(dict(cluster)))
-    except Exception:  # validate_cluster_config has listed why
-        prepared = dict(cluster)
     provider = prepared.get("provider") or {}
     lines = [f"name: {prepared.get('cluster_name')}; provider: {provider.get('type')}"]
     if provider.get("type") == "local":
@@ -482,9 +475,9 @@ def dry_run_cluster(
         )
     )
     if cluster is not None:
-        plan.check(lambda: validate_cluster_config(cluster))
+        prepared = plan.check(lambda: validate_cluster_config(cluster))
         plan.check(lambda: check_provider_access(cluster))
-        plan_cluster(plan, cluster)
+        plan_cluster(plan, cluster if prepared is None else prepared)
         plan_aws(plan, cluster)
     plan_sync(plan, settings)
     plan.finish()

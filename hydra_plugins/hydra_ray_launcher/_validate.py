@@ -143,6 +143,9 @@ def check_provider_access(cluster: Mapping[str, Any]) -> None:
             f"{_CLUSTER_KEY}.provider.type=aws needs boto3, which is not installed here: "
             'pip install "hydra-ray-launcher[aws]" (or boto3)'
         ) from None
+    # botocore logs each lookup at INFO, which Hydra's logging shows.
+    if logging.getLogger("botocore").level == logging.NOTSET:
+        logging.getLogger("botocore").setLevel(logging.WARNING)
     if boto3.session.Session().get_credentials() is None:
         raise ConfigError(
             f"{_CLUSTER_KEY}.provider.type=aws: no AWS credentials found on this machine "
@@ -250,10 +253,11 @@ def _pip_commands(pip_packages: Mapping[str, Any]) -> list[str]:
     return commands
 
 
-def validate_cluster_config(cluster: Mapping[str, Any]) -> None:
+def validate_cluster_config(cluster: Mapping[str, Any]) -> dict[str, Any]:
     """Check a cluster config (from `cluster_config_for_ray`) against Ray's own
     cluster schema, offline: what `ray up` would refuse is refused here, before
-    anything is created. Raises ConfigError naming the key and the fix."""
+    anything is created. Returns the config with Ray's defaults filled in, as
+    `ray up` sees it. Raises ConfigError naming the key and the fix."""
     provider = cluster.get("provider")
     if not isinstance(provider, Mapping) or not provider.get("type"):
         raise ConfigError(
@@ -279,7 +283,8 @@ def validate_cluster_config(cluster: Mapping[str, Any]) -> None:
 
     try:
         # prepare_config fills in the provider's defaults, as `ray up` does.
-        validate_config(prepare_config(copy.deepcopy(dict(cluster))))
+        prepared: dict[str, Any] = prepare_config(copy.deepcopy(dict(cluster)))
+        validate_config(prepared)
     except schema_error as exc:
         raise ConfigError(_schema_error_message(exc)) from None
     except NotImplementedError as exc:
@@ -298,6 +303,7 @@ def validate_cluster_config(cluster: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"Ray's cluster launcher refuses the cluster config ({_CLUSTER_KEY}): {message}"
         ) from None
+    return prepared
 
 
 def _schema_error_message(exc: Any) -> str:

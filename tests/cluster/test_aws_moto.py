@@ -248,8 +248,10 @@ def test_default_config_runs_sweep_and_deletes_cluster(
         ("hydra.launcher.sync_up.source_dir=/does/not/exist", "hydra.launcher.sync_up.source_dir"),
         (f"{CLUSTER_KEY}.max_workers=-3", f"{CLUSTER_KEY}.max_workers"),
         (f"+{CLUSTER_KEY}.bogus_key=1", f"{CLUSTER_KEY}.bogus_key"),
+        # Ray checks ray.remote's options on the head; ours are checked before any cluster.
+        ("+hydra.launcher.ray.remote.num_gpu=1", "hydra.launcher.ray.remote is not valid"),
     ],
-    ids=["missing-sync-up-source", "negative-max-workers", "unknown-cluster-key"],
+    ids=["missing-sync-up-source", "negative-max-workers", "unknown-cluster-key", "bad-remote"],
 )
 def test_bad_config_refused_before_any_cloud_call(
     aws_hosts: FakeHosts,
