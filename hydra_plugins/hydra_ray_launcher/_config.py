@@ -147,8 +147,9 @@ class EnvSetupConf:
 
 
 @dataclass
-class RayClusterConf:
-    """Ray's cluster config (the YAML of `ray up`), key for key: every key means
+class AWSClusterConf:
+    """Ray's cluster config (the YAML of `ray up`) with the defaults of `ray_aws`
+    (an AWS provider, m5.large nodes, ...), key for key: every key means
     what Ray's cluster launcher docs say. Null means Ray's default for the
     provider (the key is not passed to Ray). Add any other key of Ray's schema
     with `+hydra.launcher.ray.cluster.KEY=VALUE` (e.g. rsync_exclude)."""
@@ -243,7 +244,7 @@ class RayClusterConf:
 
 
 @dataclass
-class RayGenericClusterConf(RayClusterConf):
+class GenericClusterConf(AWSClusterConf):
     """Ray's cluster config for `ray_cluster`: no defaults of its own. A null key
     takes its value from `hydra.launcher.cluster_yaml` if given, else Ray's
     default for the provider (e.g. Ray's plain `ray start` commands); the dict
@@ -274,7 +275,7 @@ class RayClusterRayConf(RayConf):
     """The `ray` node of the cluster launchers. `init` and `remote` apply to the
     jobs' Ray on the cluster, as with the `ray` launcher."""
 
-    cluster: RayClusterConf = field(default_factory=RayClusterConf)
+    cluster: AWSClusterConf = field(default_factory=AWSClusterConf)
     # Where the launcher's commands on the head run: auto (in the docker
     # container if docker is used, else on the host), host, or docker.
     run_env: str = "auto"
@@ -362,7 +363,7 @@ class RayClusterLauncherConf(RayAWSLauncherConf):
     cluster launcher (local machines, gcp, azure, aws, ...), without AWS defaults."""
 
     ray: RayClusterRayConf = field(
-        default_factory=lambda: RayClusterRayConf(cluster=RayGenericClusterConf())
+        default_factory=lambda: RayClusterRayConf(cluster=GenericClusterConf())
     )
     # A Ray cluster YAML file (as for `ray up`), relative to the working dir or
     # absolute: the base of the cluster config. Keys set in ray.cluster win over

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._config import RayClusterConf
+from hydra_plugins.hydra_ray_launcher._config import AWSClusterConf
 
 from ..cluster_harness.fake_hosts import (
     FakeHosts,
@@ -87,7 +87,7 @@ def fake_aws_overrides(cluster_name: str) -> list[str]:
     The head gets 2 CPUs: both jobs of the sweep fit on it, so the autoscaler has
     no reason to launch a (spot) worker.
     """
-    schema = OmegaConf.structured(RayClusterConf)
+    schema = OmegaConf.structured(AWSClusterConf)
     values = {"cluster_name": cluster_name, **aws_overrides(num_cpus=2)}
     # The fake hosts share this machine's Python: no conda env to create there.
     return [*_overrides(CLUSTER_KEY, schema, values), "hydra.launcher.env_setup.commands=[]"]
