@@ -10,12 +10,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
+from ._gather import JobDirs
 from ._jobs import (
     FAILED,
     TIMED_OUT,
@@ -92,6 +94,60 @@ class _Attempt:
     job_dir: str | None = None
     # The pid of the worker process it said it runs in.
     pid: int | None = None
+
+
+def run_batch_here(
+    shipped: ShippedState,
+    jobs: Sequence[Job],
+    remote: Mapping[str, Any],
+    *,
+    policy: Policy,
+    sweep_dir: Path,
+    configs: Mapping[int, DictConfig] | None,
+    live: bool,
+    already_done: int,
+    gather: Callable[[JobDirs], None],
+    width: int | None = None,
+    on_started: Callable[[JobStarted], None] | None = None,
+) -> list[JobOutcome]:
+    """Run a batch on the Ray this process is connected to, as both the local
+    launcher and the cluster's head driver do: the progress display, the jobs,
+    each job's record written as its result arrives, and then, also after a
+    failure or Ctrl-C, `gather(job dirs)`: what the started jobs wrote on other
+    nodes is brought to this one."""
+    from ._records import write_record
+    from ._report import SweepProgress
+
+    job_dirs = JobDirs()
+
+    def started(event: JobStarted) -> None:
+        job_dirs.job_started(event)
+        if on_started is not None:
+            on_started(event)
+
+    def finished(outcome: JobOutcome) -> None:
+        job_dirs.job_finished(outcome)
+        write_record(sweep_dir, outcome)
+
+    try:
+        with SweepProgress(
+            [(j.idx, j.overrides) for j in jobs],
+            live=live,
+            width=width,
+            already_done=already_done,
+        ) as progress:
+            return run_jobs(
+                shipped,
+                jobs,
+                remote,
+                policy=policy,
+                progress=progress,
+                configs=configs,
+                on_finished=finished,
+                on_started=started,
+            )
+    finally:
+        gather(job_dirs)
 
 
 def run_jobs(

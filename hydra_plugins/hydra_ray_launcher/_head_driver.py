@@ -30,9 +30,8 @@ from omegaconf import DictConfig
 from ._engine import Job, Policy
 from ._gather import JobDirs, LeftOnNode, gather_outputs
 from ._jobs import JobOutcome, JobStarted, SweepState
-from ._records import read_record, write_record
+from ._records import read_record
 from ._redact import redacted
-from ._report import SweepProgress
 from ._validate import ray_init_kwargs
 
 log = logging.getLogger(__name__)
@@ -102,37 +101,26 @@ def main(spec_path: str, returns_path: str) -> None:
     log.info(f"Connecting to the cluster's Ray with config: {redacted(init)}")
     ray.init(**init)
     shipped = _engine.ship_state(state)
-    sweep_dir = Path(spec.sweep_dir).resolve()
-    job_dirs = JobDirs()
 
     def started(event: JobStarted) -> None:
-        job_dirs.job_started(event)
         with open(_STARTS_FILE, "a") as f:
             f.write(json.dumps(dataclasses.asdict(event)) + "\n")
 
-    def finished(outcome: JobOutcome) -> None:
-        job_dirs.job_finished(outcome)
-        # On the head: synced down with the outputs, also after an interruption.
-        write_record(sweep_dir, outcome)
-
-    with SweepProgress(
-        [(j.idx, j.overrides) for j in spec.jobs],
+    outcomes = _engine.run_batch_here(
+        shipped,
+        spec.jobs,
+        spec.remote,
+        policy=spec.policy,
+        # The records, on the head: synced down with the outputs, also after an interruption.
+        sweep_dir=Path(spec.sweep_dir).resolve(),
+        configs=spec.configs,
         live=spec.live and _have_rich(),
         width=spec.width,
         already_done=spec.already_done,
-    ) as progress:
-        outcomes = _engine.run_jobs(
-            shipped,
-            spec.jobs,
-            spec.remote,
-            policy=spec.policy,
-            progress=progress,
-            configs=spec.configs,
-            on_finished=finished,
-            on_started=started,
-        )
-    # Incomplete or not, the jobs' results stand: the report tells the launcher.
-    _gather(spec.sweep_dir, job_dirs)
+        # Complete or not, the report tells the launcher (also after a failure).
+        gather=lambda job_dirs: _gather(spec.sweep_dir, job_dirs),
+        on_started=started,
+    )
     tmp = returns_path + ".part"
     with open(tmp, "wb") as out:
         cloudpickle.dump(outcomes, out)

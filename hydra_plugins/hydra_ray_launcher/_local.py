@@ -17,9 +17,7 @@ from ._engine import Job
 from ._gather import JobDirs, gather_outputs
 from ._jobs import JobOutcome, JobStarted, capture_sweep_state
 from ._procs import descendants, kill_new_descendants
-from ._records import write_record
 from ._redact import redacted
-from ._report import SweepProgress
 from ._sweep import SweepBook, run_batch, sweep_settings, task_overrides
 from ._validate import ConfigError, plain_dict, ray_init_kwargs
 
@@ -76,36 +74,25 @@ def launch(
             # Other machines need not have the app's config files: compose here.
             loader = launcher.hydra_context.config_loader
             configs = {job.idx: loader.load_sweep_config(config, job.overrides) for job in jobs}
-        job_dirs = JobDirs()
 
         def started(event: JobStarted) -> None:
-            job_dirs.job_started(event)
             book.started_on[event.idx] = event.node
 
-        def finished(outcome: JobOutcome) -> None:
-            job_dirs.job_finished(outcome)
-            write_record(book.sweep_dir, outcome)
-
-        try:
-            with SweepProgress(
-                [(j.idx, j.overrides) for j in jobs],
-                live=book.settings.live,
-                already_done=already_done,
-            ) as progress:
-                return _engine.run_jobs(
-                    launcher.shipped,
-                    jobs,
-                    remote,
-                    policy=book.settings.policy,
-                    progress=progress,
-                    configs=configs,
-                    on_finished=finished,
-                    on_started=started,
-                )
-        finally:
-            # On a cluster of several machines, bring home what jobs wrote on the
-            # others (also after a failure or Ctrl-C: every started job's files).
-            _gather_quietly(book.sweep_dir, job_dirs, jobs_cwd=str(config.hydra.runtime.cwd))
+        return _engine.run_batch_here(
+            launcher.shipped,
+            jobs,
+            remote,
+            policy=book.settings.policy,
+            sweep_dir=book.sweep_dir,
+            configs=configs,
+            live=book.settings.live,
+            already_done=already_done,
+            # On a cluster of several machines, bring home what jobs wrote on the others.
+            gather=lambda job_dirs: _gather_quietly(
+                book.sweep_dir, job_dirs, jobs_cwd=str(config.hydra.runtime.cwd)
+            ),
+            on_started=started,
+        )
 
     try:
         return run_batch(book, job_overrides, initial_job_idx, run)
