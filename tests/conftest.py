@@ -29,6 +29,17 @@ SMALL_RAY = [
 ]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _hydra_plugins_discovered() -> None:
+    """Hydra's plugin scan, once, before any test: its configs (the basic
+    sweeper's, ours) are registered at import. Hydra's `hydra_restore_singletons`
+    restores the ConfigStore a test started with; had the scan happened inside
+    the first test, every later test (on Hydra 1.4) would miss those configs."""
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[str]:
     """A Ray started once for the whole test session; yields its address, to

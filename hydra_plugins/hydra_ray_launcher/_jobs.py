@@ -6,7 +6,6 @@ discovery. Ray's worker imports it by reference when it unpickles the task.
 
 import logging
 import os
-import sys
 import time
 import traceback
 import types
@@ -20,6 +19,8 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from ._tracebacks import drop_chain, pack, unpack
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,10 @@ class SweepState:
     singleton_state: dict[str, Any]
     # The launching process's working dir: relative sweep dirs resolve against it.
     cwd: str
-    # The app's script, whose functions cloudpickle ships by value.
-    main_file: str | None
+    # The file of each function reachable from the task function, by (module,
+    # qualname): cloudpickle ships some by value (the app's script's, local ones),
+    # naming their code "<dynamic-code>", and the jobs' tracebacks need the name.
+    code_files: dict[tuple[str, str], str]
 
 
 def capture_sweep_state(
@@ -48,7 +51,10 @@ def capture_sweep_state(
         config=config,
         singleton_state=Singleton.get_state(),
         cwd=str(config.hydra.runtime.cwd),
-        main_file=getattr(sys.modules.get("__main__"), "__file__", None),
+        code_files={
+            (fn.__module__, fn.__qualname__): fn.__code__.co_filename
+            for fn in _functions(task_function)
+        },
     )
 
 
@@ -102,6 +108,12 @@ class JobOutcome:
     # Taken from the record of an earlier run of the sweep (resume), not run now.
     resumed: bool = False
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled (from a worker, the head's returns, a record): the job's
+        # exception gets its traceback and causes back (see _tracebacks.py).
+        self.__dict__.update(state)
+        self.job_return._return_value = unpack(getattr(self.job_return, "_return_value", None))
+
     @property
     def duration(self) -> float:
         return self.ended - self.started
@@ -132,8 +144,7 @@ def _restore(state_key: str, packed_state: list[Any]) -> SweepState:
 
         state = cloudpickle.loads(ray.get(packed_state[0]))
         assert isinstance(state, SweepState)
-        if state.main_file is not None:
-            _name_script_code(state.task_function, state.main_file)
+        _name_shipped_code(state.task_function, state.code_files)
         _restored.clear()
         _restored[state_key] = state
     # Restoring Hydra's singletons re-scans every plugin: do it for the first job
@@ -143,25 +154,59 @@ def _restore(state_key: str, packed_state: list[Any]) -> SweepState:
     return state
 
 
-def _name_script_code(task_function: Any, main_file: str) -> None:
-    """cloudpickle names the code of functions it ships by value "<dynamic-code>";
-    naming it after the app's script again lets job tracebacks show source lines."""
+def _functions(root: Any, limit: int = 5000) -> Iterator[types.FunctionType]:
+    """The functions reachable from `root` as the task runs them: `root` itself
+    (a function, a bound method or a callable object), the globals its code
+    names, its closure, an object's attributes and its class's methods."""
     seen: set[int] = set()
-
-    def rename(code: types.CodeType) -> types.CodeType:
-        consts = tuple(rename(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
-        return code.replace(co_filename=main_file, co_consts=consts)
-
-    def visit(obj: Any) -> None:
-        if not isinstance(obj, types.FunctionType) or id(obj) in seen:
-            return
+    todo = [root]
+    while todo and len(seen) < limit:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, types.ModuleType):
+            continue
         seen.add(id(obj))
-        if obj.__code__.co_filename == "<dynamic-code>":
-            obj.__code__ = rename(obj.__code__)
-            for value in list(obj.__globals__.values()):  # the script's helpers it calls
-                visit(value)
+        if isinstance(obj, types.FunctionType):
+            yield obj
+            names = [n for n in _names(obj.__code__) if n in obj.__globals__]
+            todo += [obj.__globals__[n] for n in names]
+            todo += [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+        elif isinstance(obj, types.MethodType):
+            todo += [obj.__func__, obj.__self__]
+        elif isinstance(obj, type):
+            todo += list(vars(obj).values())
+        elif hasattr(obj, "__dict__"):
+            todo += [*vars(obj).values(), type(obj)]
 
-    visit(task_function)
+
+def _names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _name_shipped_code(task_function: Any, files: dict[tuple[str, str], str]) -> None:
+    """Give the code cloudpickle named "<dynamic-code>" its file's name again, so
+    that job tracebacks name it (with source lines where the file is)."""
+
+    def rename(code: types.CodeType, filename: str) -> types.CodeType:
+        consts = tuple(
+            rename(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts
+        )
+        return code.replace(co_filename=filename, co_consts=consts)
+
+    for fn in _functions(task_function):
+        filename = files.get((fn.__module__, fn.__qualname__))
+        if fn.__code__.co_filename == "<dynamic-code>" and filename:
+            fn.__code__ = rename(fn.__code__, filename)
 
 
 def run_one_job(
@@ -321,16 +366,28 @@ def _announcing_attempt(
 def _portable_error(exc: BaseException, idx: int, node: str) -> BaseException:
     """The job's exception, made to cross process boundaries with its traceback.
 
-    The traceback object does not pickle, so its text goes into the exception's
-    notes (printed by Python 3.11+) and into the job's log file.
+    The traceback object does not pickle: its frames and the exception's causes
+    are packed for the other side (_tracebacks.py), its text goes into the
+    exception's notes (printed by Python 3.11+) and into the job's log file.
     """
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     log.error("Job #%d failed on %s (pid %d):\n%s", idx, node, os.getpid(), text)
-    try:
-        cloudpickle.loads(cloudpickle.dumps(exc))
-    except Exception:
-        exc = JobError(f"{type(exc).__name__}: {exc}")
+    pack(exc)
+    if not _pickles(exc):
+        drop_chain(exc)
+        if not _pickles(exc):
+            error = JobError(f"{type(exc).__name__}: {exc}").with_traceback(exc.__traceback__)
+            pack(error)
+            exc = error
     notes = [*getattr(exc, "__notes__", []), f"[job #{idx} on {node}, pid {os.getpid()}]\n{text}"]
     # What add_note() does on Python 3.11+, also on 3.10.
     exc.__notes__ = notes  # type: ignore[attr-defined]
     return exc
+
+
+def _pickles(exc: BaseException) -> bool:
+    try:
+        cloudpickle.loads(cloudpickle.dumps(exc))
+    except Exception:  # whatever the exception's own pickling raises
+        return False
+    return True
