@@ -8,7 +8,7 @@ import re
 import secrets
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -138,13 +138,14 @@ def test_upload_download_example_brings_every_checkpoint_home(
     _no_leftovers(fake_hosts)
 
 
-@pytest.mark.parametrize("failing", [False, True])
 def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
-    fake_hosts: FakeHosts, tmp_path: Path, failing: bool
+    fake_hosts: FakeHosts, tmp_path: Path
 ) -> None:
-    """Also: a cluster whose config names none gets a name unique to the multirun, and
-    is torn down while Python is fully alive (at the multirun's end, or at once on a
-    failure), also when Ray's teardown uses a thread pool, as it does for docker."""
+    """A failed job's dir too. Also: a cluster whose config names none gets a name
+    unique to the multirun, and is torn down while Python is fully alive (at once on
+    the failure), also when Ray's teardown uses a thread pool, as it does for docker
+    (teardown at the multirun's end: the batched sweeper's test)."""
+    failing = True
     sweep = tmp_path / "sweep"
     res = _run_test_app(
         fake_hosts,
@@ -171,36 +172,6 @@ def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
     assert "Stopping cluster" in res.stdout
     assert "cannot schedule new futures" not in res.stdout
     assert "Deleted the cluster" in res.stdout
-    _no_leftovers(fake_hosts)
-
-
-def test_cluster_with_token_authentication(fake_hosts: FakeHosts, tmp_path: Path) -> None:
-    """Ray 2.60 token auth on every node (the token shipped with file_mounts, as
-    Ray's docs describe): the driver on the head connects (Ray's address="auto"
-    finds the head's token) and the jobs run on the worker."""
-    token = tmp_path / "auth_token"
-    token.write_text(secrets.token_hex(32))
-    config = fake_hosts.local_cluster_config(
-        unique_cluster_name("tok"),
-        num_cpus=2,
-        auth_mode="token",
-        head_args=["--num-cpus=0", "--include-dashboard=false"],
-    )
-    config["file_mounts"] = {"/root/.ray/auth_token": str(token)}
-    cluster_yaml = tmp_path / "cluster.yaml"
-    cluster_yaml.write_text(yaml.safe_dump(config))
-    sweep = tmp_path / "sweep"
-    try:
-        res = _run_test_app(fake_hosts, tmp_path, cluster_yaml, "x=1,2")
-    finally:
-        # The hosts outlive this test: a token left there would be picked up by
-        # the drivers of the token-less clusters of later tests.
-        for host in ("head", "worker"):
-            fake_hosts.host_path(host, "/root/.ray/auth_token").unlink(missing_ok=True)
-    assert res.returncode == 0, res.stdout
-    for num in range(2):
-        assert (sweep / str(num) / f"done_{num}.json").is_file()
-    assert "on 127.0.0.3" in res.stdout
     _no_leftovers(fake_hosts)
 
 
@@ -251,21 +222,48 @@ def test_resume_on_a_cluster_runs_only_what_did_not_succeed(
     _no_leftovers(fake_hosts)
 
 
-def test_live_display_of_the_head_reaches_the_users_terminal(
-    fake_hosts: FakeHosts, tmp_path: Path
+@pytest.fixture
+def token_cluster_yaml(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[Path]:
+    """A cluster with Ray 2.60 token auth on every node (the token shipped with
+    file_mounts, as Ray's docs describe)."""
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    config = fake_hosts.local_cluster_config(
+        unique_cluster_name("tok"),
+        num_cpus=2,
+        auth_mode="token",
+        head_args=["--num-cpus=0", "--include-dashboard=false"],
+    )
+    config["file_mounts"] = {"/root/.ray/auth_token": str(token)}
+    cluster_yaml = tmp_path / "cluster.yaml"
+    cluster_yaml.write_text(yaml.safe_dump(config))
+    yield cluster_yaml
+    # The hosts outlive this test: a token left there would be picked up by the
+    # drivers of the token-less clusters of later tests.
+    for host in ("head", "worker"):
+        fake_hosts.host_path(host, "/root/.ray/auth_token").unlink(missing_ok=True)
+
+
+def test_live_display_of_the_head_reaches_the_users_terminal_from_a_token_cluster(
+    fake_hosts: FakeHosts, tmp_path: Path, token_cluster_yaml: Path
 ) -> None:
+    """On a cluster with token auth (one cluster for both, to keep the suite short):
+    the driver on the head connects (address="auto" finds the head's token) and
+    the jobs run on the worker."""
     app = tmp_path / "app"
     shutil.copytree(REPO / "tests" / "apps", app)
     cmd = [*fake_hosts.netns_prefix(), sys.executable, "app.py", "--multirun", "x=1,2,3"]
     cmd += [
         "seconds=1.5",
         "hydra/launcher=ray_cluster",
-        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'pty')}",
+        f"hydra.launcher.cluster_yaml={token_cluster_yaml}",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         "hydra.launcher.env_setup.commands=[]",
     ]
     res = run_in_pty(cmd, cwd=app, env=launcher_env(tmp_path), timeout=600)
     assert res.returncode == 0, res.output
+    for num in range(3):
+        assert (tmp_path / "sweep" / str(num) / f"done_{num}.json").is_file()
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", res.output)
     # Drawn on the head, redrawn in place on this terminal, through ssh.
     assert "\x1b[1A" in res.output and "\x1b[2K" in res.output

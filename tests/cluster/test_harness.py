@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import shutil
@@ -24,7 +23,6 @@ from ..cluster_harness.fake_hosts import (
     ssh_control_dir,
     unique_cluster_name,
 )
-from ..cluster_harness.moto import MotoServer, aws_cluster_config, running_instances
 
 DRIVER = Path(__file__).with_name("sdk_driver.py")
 
@@ -169,29 +167,3 @@ def test_local_provider_round_trip(fake_hosts: FakeHosts, tmp_path: Path) -> Non
     start = time.monotonic()
     assert fake_hosts.wait_no_ray_processes("worker", timeout=40) == []
     print(f"worker's Ray processes gone {time.monotonic() - start:.1f}s after teardown")
-
-
-def test_aws_provider_against_moto(
-    aws_hosts: FakeHosts, moto_server: MotoServer, tmp_path: Path
-) -> None:
-    config = aws_cluster_config(unique_cluster_name("harness-aws"))
-    check = (
-        "python -c \"import ray; ray.init(address='auto', logging_level='ERROR');"
-        " print('AWS_OK', ray.get(ray.remote(lambda: 6 * 7).remote()))\""
-    )
-    steps: list[tuple[str, dict[str, Any]]] = [
-        ("create", {}),
-        ("head_ip", {}),
-        ("count_instances", {"region": moto_server.region}),
-        ("run", {"cmd": check}),
-        ("teardown", {}),
-    ]
-    records = run_driver(aws_hosts, tmp_path, config, steps, extra_env=moto_server.env)
-
-    assert ipaddress.ip_address(records["head_ip"]["value"]) in ipaddress.ip_network(
-        "172.31.0.0/16"
-    )
-    assert records["count_instances"]["value"] == 1
-    assert "AWS_OK 42" in records["run"]["value"]
-    assert running_instances(moto_server) == []
-    assert aws_hosts.wait_no_ray_processes("aws", timeout=5) == []
