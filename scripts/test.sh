@@ -30,12 +30,14 @@ if [ $status -ne 0 ] || [ $# -gt 0 ]; then
 fi
 # Users who install Hydra's official plugins get Hydra 1.4 pre-releases with
 # OmegaConf 2.4: Hydra's conformance suites and the no-warnings test run there too.
-MAIN_VENV=$VENV
-VENV=$ROOT/.venv-hydra14 EXTRAS="[test]" source "$ROOT/scripts/_venv.sh"
-VENV14=$ROOT/.venv-hydra14
-VENV=$MAIN_VENV
-"$VENV14/bin/pip" install -q "hydra-core==1.4.0rc3" "omegaconf==2.4.1rc1"
-"$VENV14/bin/python" -c 'import hydra, omegaconf; print("Hydra", hydra.__version__, "OmegaConf", omegaconf.__version__)'
-exec "$VENV14/bin/python" -m pytest -p no:cacheprovider tests/test_conformance.py \
-  tests/test_secrets.py tests/test_sweep_records.py \
+# Those two packages go in a dir of their own, first on PYTHONPATH (the apps the
+# tests start and Ray's workers inherit it), over the same venv: no second venv.
+HYDRA14=$ROOT/.hydra14
+rm -rf "$HYDRA14"
+"$VENV/bin/pip" install -q --no-deps --target "$HYDRA14" "hydra-core==1.4.0rc3" "omegaconf==2.4.1rc1"
+export PYTHONPATH="$HYDRA14${PYTHONPATH:+:$PYTHONPATH}"
+"$VENV/bin/python" -c 'import hydra, omegaconf; print("Hydra", hydra.__version__, "OmegaConf", omegaconf.__version__)'
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider tests/test_conformance.py \
+  tests/test_secrets.py tests/test_sweep_records.py tests/test_dry_run.py tests/test_tracebacks.py \
+  tests/test_hydra_versions.py \
   "tests/test_ray_launcher.py::test_nothing_of_ours_warns_at_discovery_in_workers_or_per_job"
