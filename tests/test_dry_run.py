@@ -17,7 +17,7 @@ import pytest
 from hydra_plugins.hydra_ray_launcher._plan import ec2_dry_run_refusal
 
 from .cluster_harness.moto import MotoServer, moto_server
-from .conftest import APPS, AppRun, processes_in_session
+from .conftest import APPS, AppRun, processes_in_session, run_app
 
 DRY = "hydra.launcher.dry_run=true"
 MOTO_AMI = "ami-12c6146b"  # one of the images moto knows
@@ -101,7 +101,9 @@ def test_a_dry_run_of_a_resume_says_which_jobs_would_run_and_changes_nothing(
 ) -> None:
     sweep = tmp_path / "sweep"
     common = ["x=1,2", "raise_on=[2]", f"hydra.sweep.dir={sweep}"]
-    first = _run(*common, f"hydra.launcher.ray.init.address={ray_session}", cwd=tmp_path)
+    first = run_app(
+        "app.py", *common, f"hydra.launcher.ray.init.address={ray_session}", cwd=tmp_path
+    )
     assert first.returncode != 0, first.output  # job #1 raised
     before = {p: p.stat().st_mtime_ns for p in sweep.rglob("*")}
     res = _dry_run(*common, "hydra.launcher.resume=true", DRY, cwd=tmp_path)
@@ -111,18 +113,6 @@ def test_a_dry_run_of_a_resume_says_which_jobs_would_run_and_changes_nothing(
     assert {p: p.stat().st_mtime_ns for p in sweep.rglob("*")} == before | {
         sweep / "multirun.yaml": (sweep / "multirun.yaml").stat().st_mtime_ns
     }
-
-
-def _run(*overrides: str, cwd: Path) -> AppRun:
-    res = subprocess.run(
-        [sys.executable, str(APPS / "app.py"), "--multirun", *overrides],
-        cwd=cwd,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    return AppRun(res.returncode, res.stdout + res.stderr)
 
 
 # ---- The cluster launchers: nothing is contacted, so no fake hosts are needed.
@@ -317,7 +307,8 @@ def test_a_job_whose_override_does_not_resolve_fails_alone_in_a_real_run(
 ) -> None:
     # (The sweep's own bookkeeping once resolved the overrides and crashed the sweep.)
     sweep = tmp_path / "sweep"
-    res = _run(
+    res = run_app(
+        "app.py",
         "x=1,${nope}",
         f"hydra.launcher.ray.init.address={ray_session}",
         f"hydra.sweep.dir={sweep}",
