@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
@@ -36,8 +37,12 @@ from ._validate import ray_init_kwargs
 
 log = logging.getLogger(__name__)
 
-# Where, in the head driver's working dir, the launcher puts this plugin's source.
+# The files of the driver's working dir (a temp dir of the launch on the head),
+# shared with the launcher (_remote.py): this plugin's source, the job spec it
+# sends, the returns it brings home.
 PLUGIN_DIR = "plugin"
+JOB_SPEC = "job_spec.pkl"
+RETURNS = "returns.pkl"
 # The running driver's pid, in its working dir.
 _PID_FILE = "driver.pid"
 # Written in its working dir by the driver and by `gather` once they have tried to
@@ -125,6 +130,28 @@ def main(spec_path: str, returns_path: str) -> None:
     with open(tmp, "wb") as out:
         cloudpickle.dump(outcomes, out)
     os.replace(tmp, returns_path)
+
+
+def driver_command(remote_tmp: str, code_dir: str | None) -> str:
+    """The shell command, run on the head, that runs the sweep (`main`)."""
+    tmp = shlex.quote(remote_tmp)
+    return _command(remote_tmp, f"{tmp}/{JOB_SPEC} {tmp}/{RETURNS}", code_dir)
+
+
+def gather_command(remote_tmp: str, sweep_dir: Path) -> str:
+    """The shell command, run on the head, that gathers after a failure."""
+    return _command(remote_tmp, f"gather {shlex.quote(str(sweep_dir))}")
+
+
+def _command(remote_tmp: str, args: str, code_dir: str | None = None) -> str:
+    """`python -m` this module with ARGS in the head's temp dir, with the shipped
+    plugin (and the synced code) on its path."""
+    tmp = shlex.quote(remote_tmp)
+    pythonpath = f"{tmp}/{PLUGIN_DIR}:" + (f"{shlex.quote(code_dir)}:" if code_dir else "")
+    return (
+        f"cd {tmp} && PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 "
+        f"python -m hydra_plugins.hydra_ray_launcher._head_driver {args}"
+    )
 
 
 def _plugin_module() -> str:

@@ -27,7 +27,16 @@ from ._cluster import (
     remote_temp_dir,
 )
 from ._engine import Job
-from ._head_driver import GATHER_REPORT, PLUGIN_DIR, JobSpec, load_outcomes
+from ._head_driver import (
+    GATHER_REPORT,
+    JOB_SPEC,
+    PLUGIN_DIR,
+    RETURNS,
+    JobSpec,
+    driver_command,
+    gather_command,
+    load_outcomes,
+)
 from ._jobs import JobOutcome, capture_sweep_state
 from ._records import RECORD_DIR
 from ._sweep import SweepBook, run_batch, sweep_settings, task_overrides
@@ -46,8 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The driver's returns file, in its working dir (the head's temp dir).
-_RETURNS = "returns.pkl"
 _REPORT_MARK = "HYDRA_RAY_GATHER_REPORT="
 _FOUND = "HYDRA_RAY_FOUND"
 
@@ -124,7 +131,7 @@ def _run_on_cluster(
 ) -> list[JobOutcome]:
     with tempfile.TemporaryDirectory(prefix="hydra-ray-") as tmp:
         local_tmp = Path(tmp)
-        spec_file = local_tmp / "job_spec.pkl"
+        spec_file = local_tmp / JOB_SPEC
         # It holds the app's config and state: for this user only.
         with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(cloudpickle.dumps(spec))
@@ -133,7 +140,7 @@ def _run_on_cluster(
         with remote_temp_dir(cluster) as remote_tmp:
             _ship_plugin(cluster, remote_tmp.path, local_tmp)
             _sync_up(cluster, settings.sync_up, remote_tmp.path, local_tmp)
-            cluster.rsync_up(str(spec_file), f"{remote_tmp.path}/job_spec.pkl")
+            cluster.rsync_up(str(spec_file), f"{remote_tmp.path}/{JOB_SPEC}")
             try:
                 _run_head_driver(cluster, remote_tmp.path, spec.code_dir)
             finally:
@@ -194,20 +201,8 @@ def _sync_up(cluster: Cluster, sync: DictConfig, remote_tmp: str, local_tmp: Pat
     )
 
 
-def _head_driver_command(remote_tmp: str, args: str, code_dir: str | None = None) -> str:
-    """The shell command that runs `_head_driver ARGS` in the head's temp dir,
-    with the shipped plugin (and the synced code) on its path."""
-    tmp = shlex.quote(remote_tmp)
-    pythonpath = f"{tmp}/{PLUGIN_DIR}:" + (f"{shlex.quote(code_dir)}:" if code_dir else "")
-    return (
-        f"cd {tmp} && PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 "
-        f"python -m hydra_plugins.hydra_ray_launcher._head_driver {args}"
-    )
-
-
 def _run_head_driver(cluster: Cluster, remote_tmp: str, code_dir: str | None) -> None:
-    tmp = shlex.quote(remote_tmp)
-    cmd = _head_driver_command(remote_tmp, f"{tmp}/job_spec.pkl {tmp}/{_RETURNS}", code_dir)
+    cmd = driver_command(remote_tmp, code_dir)
     log.info("Running the jobs from the cluster's head")
     try:
         cluster.run(cmd)
@@ -248,7 +243,7 @@ def _bring_home(
     the head, or a transfer fails or is interrupted (Ctrl-C, SIGTERM, SIGHUP),
     nothing is deleted: the cluster and the head's temp dir are kept, and the
     cluster session prints the commands that finish the job."""
-    returns = local_tmp / _RETURNS
+    returns = local_tmp / RETURNS
     head_sweep = _head_sweep_dir(remote_tmp.path, sweep_dir)
     records = _Transfer("the jobs' records", f"{head_sweep}/{RECORD_DIR}", sweep_dir / RECORD_DIR)
     target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
@@ -262,8 +257,8 @@ def _bring_home(
         cluster.run(f"mkdir -p {shlex.quote(records.source)}")
         records.run(cluster)
         pending.remove(records)
-        if _head_has(cluster, f"{remote_tmp.path}/{_RETURNS}"):
-            cluster.rsync_down(f"{remote_tmp.path}/{_RETURNS}", str(returns))
+        if _head_has(cluster, f"{remote_tmp.path}/{RETURNS}"):
+            cluster.rsync_down(f"{remote_tmp.path}/{RETURNS}", str(returns))
         log.info(f"Bringing home the outputs: the head's {source} to {target}")
         if sync.include or sync.exclude:
             # Filter on the head, so that only what is wanted crosses the network.
@@ -319,14 +314,10 @@ def _keep(
     commands = [t.command(cluster) for t in pending]
     if gather:
         # First onto the head what is still on other nodes.
-        gather_cmd = _gather_command(remote_tmp.path, sweep_dir)
+        gather_cmd = gather_command(remote_tmp.path, sweep_dir)
         config = str(cluster.config_file.resolve())
         commands.insert(0, shlex.join(["ray", "exec", config, gather_cmd]))
     cluster.keep_for(Leftovers(what=what, commands=commands, interrupted=interrupted))
-
-
-def _gather_command(remote_tmp: str, sweep_dir: Path) -> str:
-    return _head_driver_command(remote_tmp, f"gather {shlex.quote(str(sweep_dir))}")
 
 
 def _gathered(cluster: Cluster, remote_tmp: str, sweep_dir: Path) -> str:
@@ -338,7 +329,7 @@ def _gathered(cluster: Cluster, remote_tmp: str, sweep_dir: Path) -> str:
     if report is None or not report.get("complete"):
         log.warning("Gathering the outputs of the jobs that finished on the cluster's nodes")
         try:
-            cluster.run(_gather_command(remote_tmp, sweep_dir))
+            cluster.run(gather_command(remote_tmp, sweep_dir))
         except ClusterCommandError as exc:
             log.error(f"Could not gather the outputs on the cluster's nodes: {exc}")
         report = _gather_report(cluster, remote_tmp)
