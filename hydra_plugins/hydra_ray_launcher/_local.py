@@ -13,12 +13,11 @@ from hydra.core.utils import JobReturn, configure_log, setup_globals
 
 from . import _engine
 from ._connect import check_connection
-from ._engine import Job
 from ._gather import JobDirs, gather_outputs
 from ._jobs import JobOutcome, JobStarted, capture_sweep_state
 from ._procs import descendants, kill_new_descendants
 from ._redact import redacted
-from ._sweep import SweepBook, run_batch, sweep_settings, task_overrides
+from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._validate import ConfigError, plain_dict, ray_init_kwargs
 
 if TYPE_CHECKING:
@@ -60,45 +59,56 @@ def launch(
     init = plain_dict(settings.ray.init)
     remote = plain_dict(settings.ray.remote)
 
-    def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
-        assert launcher.hydra_context is not None and launcher.task_function is not None
-        start_ray(init)
-        _check_schedulable(
-            remote, connected=bool(init.get("address") or os.environ.get("RAY_ADDRESS"))
-        )
-        if launcher.shipped is None or not launcher.shipped.is_current():
-            state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
-            launcher.shipped = _engine.ship_state(state)
-        configs = None
-        if not _engine.single_machine():
-            # Other machines need not have the app's config files: compose here.
-            loader = launcher.hydra_context.config_loader
-            configs = {job.idx: loader.load_sweep_config(config, job.overrides) for job in jobs}
-
-        def started(event: JobStarted) -> None:
-            book.started_on[event.idx] = event.node
-
-        return _engine.run_batch_here(
-            launcher.shipped,
-            jobs,
-            remote,
-            policy=book.settings.policy,
-            sweep_dir=book.sweep_dir,
-            configs=configs,
-            live=book.settings.live,
-            already_done=already_done,
-            # On a cluster of several machines, bring home what jobs wrote on the others.
-            gather=lambda job_dirs: _gather_quietly(
-                book.sweep_dir, job_dirs, jobs_cwd=str(config.hydra.runtime.cwd)
-            ),
-            on_started=started,
-        )
-
     try:
-        return run_batch(book, job_overrides, initial_job_idx, run)
+        with batch(book, job_overrides, initial_job_idx) as current:
+            if current.to_run:
+                current.outcomes = _run_here(launcher, book, current, init, remote)
+        return current.returns
     except KeyboardInterrupt:
         stop_ray()
         raise
+
+
+def _run_here(
+    launcher: "RayLauncher",
+    book: SweepBook,
+    current: Batch,
+    init: dict[str, Any],
+    remote: dict[str, Any],
+) -> list[JobOutcome]:
+    """Start (or connect to) Ray once, ship the sweep state once, run the batch."""
+    assert launcher.config is not None
+    assert launcher.hydra_context is not None and launcher.task_function is not None
+    config = launcher.config
+    start_ray(init)
+    _check_schedulable(remote, connected=bool(init.get("address") or os.environ.get("RAY_ADDRESS")))
+    if launcher.shipped is None or not launcher.shipped.is_current():
+        state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
+        launcher.shipped = _engine.ship_state(state)
+    configs = None
+    if not _engine.single_machine():
+        # Other machines need not have the app's config files: compose here.
+        loader = launcher.hydra_context.config_loader
+        configs = {j.idx: loader.load_sweep_config(config, j.overrides) for j in current.to_run}
+
+    def started(event: JobStarted) -> None:
+        book.started_on[event.idx] = event.node
+
+    return _engine.run_batch_here(
+        launcher.shipped,
+        current.to_run,
+        remote,
+        policy=book.settings.policy,
+        sweep_dir=book.sweep_dir,
+        configs=configs,
+        live=book.settings.live,
+        already_done=current.already_done,
+        # On a cluster of several machines, bring home what jobs wrote on the others.
+        gather=lambda job_dirs: _gather_quietly(
+            book.sweep_dir, job_dirs, jobs_cwd=str(config.hydra.runtime.cwd)
+        ),
+        on_started=started,
+    )
 
 
 def _check_schedulable(remote: dict[str, Any], *, connected: bool) -> None:

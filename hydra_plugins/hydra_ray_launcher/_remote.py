@@ -26,7 +26,6 @@ from ._cluster import (
     RemoteTmp,
     remote_temp_dir,
 )
-from ._engine import Job
 from ._head_driver import (
     GATHER_REPORT,
     JOB_SPEC,
@@ -39,7 +38,7 @@ from ._head_driver import (
 )
 from ._jobs import JobOutcome, capture_sweep_state
 from ._records import RECORD_DIR
-from ._sweep import SweepBook, run_batch, sweep_settings, task_overrides
+from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
 from ._validate import (
     check_launch_preconditions,
@@ -99,31 +98,34 @@ def launch(
     lifetime = launcher.lifetime
     assert book is not None
 
-    def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
-        assert launcher.hydra_context is not None and launcher.task_function is not None
-        # The job spec is pickled before any cluster exists: an app that cannot be
-        # pickled fails here, for free.
-        spec = JobSpec(
-            state=capture_sweep_state(launcher.hydra_context, launcher.task_function, config),
-            jobs=jobs,
-            configs={
-                job.idx: launcher.hydra_context.config_loader.load_sweep_config(
-                    config, job.overrides
-                )
-                for job in jobs
-            },
-            init=plain_dict(settings.ray.init),
-            remote=plain_dict(settings.ray.remote),
-            sweep_dir=str(book.sweep_dir),
-            code_dir=_code_dir(settings.sync_up),
-            policy=book.settings.policy,
-            live=book.settings.live,
-            width=shutil.get_terminal_size().columns if book.settings.live else None,
-            already_done=already_done,
-        )
-        return _run_on_cluster(lifetime, spec, settings, book.sweep_dir)
+    with batch(book, job_overrides, initial_job_idx) as current:
+        if current.to_run:
+            spec = _job_spec(launcher, book, current)
+            current.outcomes = _run_on_cluster(lifetime, spec, settings, book.sweep_dir)
+    return current.returns
 
-    return run_batch(book, job_overrides, initial_job_idx, run)
+
+def _job_spec(launcher: "RayAWSLauncher", book: SweepBook, current: Batch) -> JobSpec:
+    """What the head's driver needs, pickled before any cluster exists: an app
+    that cannot be pickled fails here, for free."""
+    assert launcher.config is not None
+    assert launcher.hydra_context is not None and launcher.task_function is not None
+    config = launcher.config
+    settings = config.hydra.launcher
+    loader = launcher.hydra_context.config_loader
+    return JobSpec(
+        state=capture_sweep_state(launcher.hydra_context, launcher.task_function, config),
+        jobs=current.to_run,
+        configs={j.idx: loader.load_sweep_config(config, j.overrides) for j in current.to_run},
+        init=plain_dict(settings.ray.init),
+        remote=plain_dict(settings.ray.remote),
+        sweep_dir=str(book.sweep_dir),
+        code_dir=_code_dir(settings.sync_up),
+        policy=book.settings.policy,
+        live=book.settings.live,
+        width=shutil.get_terminal_size().columns if book.settings.live else None,
+        already_done=current.already_done,
+    )
 
 
 def _run_on_cluster(

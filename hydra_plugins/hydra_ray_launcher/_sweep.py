@@ -8,8 +8,9 @@ import math
 import shlex
 import shutil
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -259,12 +260,28 @@ class SweepBook:
         )
 
 
-def run_batch(
-    book: SweepBook,
-    job_overrides: Sequence[Sequence[str]],
-    initial_job_idx: int,
-    run: RunJobs,
-) -> list[JobReturn]:
+@dataclass
+class Batch:
+    """One launch() of a sweep: its jobs, the ones to run now, and (set by
+    the launcher) their outcomes; `returns` once the batch is summarised."""
+
+    jobs: list[Job]
+    to_run: list[Job]
+    # Jobs of the batch taken from an earlier run (resume): for the progress counts.
+    already_done: int
+    outcomes: list[JobOutcome] = field(default_factory=list)
+    returns: list[JobReturn] = field(default_factory=list)
+
+
+@contextmanager
+def batch(
+    book: SweepBook, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> Iterator[Batch]:
+    """The bookkeeping around running a batch: the plan (resume), the job list
+    logged, and after the `with` body has set `outcomes`, the summary and the
+    returns in job order. When the body fails or is interrupted, the summary
+    still comes (from the records of what finished), then the error goes on; a
+    ConfigError (refused before any job ran) goes on alone."""
     jobs = [Job(initial_job_idx + pos, list(ov)) for pos, ov in enumerate(job_overrides)]
     log.info(f"Ray Launcher is launching {len(jobs)} jobs, sweep output dir: {book.sweep_dir}")
     reused, to_run = book.plan(jobs)
@@ -277,8 +294,9 @@ def run_batch(
     for job in to_run:
         log.info(f"\t#{job.idx} : {describe(job.overrides)}")
     book.outcomes.update((o.idx, o) for o in reused)
+    current = Batch(jobs=jobs, to_run=to_run, already_done=len(reused))
     try:
-        outcomes = run(to_run, len(reused)) if to_run else []
+        yield current
     except ConfigError:
         raise  # refused before any job ran: nothing to summarise
     except BaseException:
@@ -289,9 +307,22 @@ def run_batch(
             )
         _summarise(book, jobs, interrupted=True)
         raise
-    book.outcomes.update((o.idx, o) for o in outcomes)
+    book.outcomes.update((o.idx, o) for o in current.outcomes)
     _summarise(book, jobs, interrupted=False)
-    return [book.outcomes[job.idx].job_return for job in jobs]
+    current.returns = [book.outcomes[job.idx].job_return for job in jobs]
+
+
+def run_batch(
+    book: SweepBook,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    run: RunJobs,
+) -> list[JobReturn]:
+    """`batch` with a function that runs the jobs (tests use it with fakes)."""
+    with batch(book, job_overrides, initial_job_idx) as current:
+        if current.to_run:
+            current.outcomes = run(current.to_run, current.already_done)
+    return current.returns
 
 
 def _unfinished(job: Job, node: str) -> JobOutcome:
