@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydra_plugins.hydra_ray_launcher import __version__
 from hydra_plugins.hydra_ray_launcher._config import (
@@ -113,6 +113,7 @@ RAY_AWS_DEFAULTS: dict[str, Any] = {
     "job_timeout_s": None,
     "retries": 0,
     "resume": False,
+    "dry_run": False,
 }
 
 
@@ -571,6 +572,20 @@ def test_values_out_of_range_are_refused(key: str, value: Any) -> None:
         check_launch_preconditions(cfg)
 
 
+def test_every_problem_of_a_launch_is_refused_at_once(tmp_path: Path) -> None:
+    cfg = _aws()
+    OmegaConf.update(cfg, "logging.verbosity", 7)
+    OmegaConf.update(cfg, "ray.run_env", "vm")
+    OmegaConf.update(cfg, "sync_up.source_dir", str(tmp_path / "missing"))
+    with open_dict(cfg.ray.remote):  # as `+hydra.launcher.ray.remote.num_gpu=1` adds it
+        cfg.ray.remote.num_gpu = 1
+    with pytest.raises(ConfigError) as refused:
+        check_launch_preconditions(cfg)
+    message = str(refused.value)
+    for key in ("logging.verbosity=7", "ray.run_env=vm", "sync_up.source_dir=", "ray.remote is"):
+        assert f"hydra.launcher.{key}" in message, message
+
+
 def test_the_guides_logging_values_pass() -> None:
     cfg = _aws()
     for style in ("auto", "pretty", "record"):
@@ -584,11 +599,13 @@ def test_the_guides_logging_values_pass() -> None:
 
 def test_ray_prints_the_long_sweep_keys_with_their_defaults(tmp_path: Path) -> None:
     printed = _printed_launcher("ray", cwd=tmp_path)
-    assert {k: printed[k] for k in ("progress", "job_timeout_s", "retries", "resume")} == {
+    keys = ("progress", "job_timeout_s", "retries", "resume", "dry_run")
+    assert {k: printed[k] for k in keys} == {
         "progress": True,
         "job_timeout_s": None,
         "retries": 0,
         "resume": False,
+        "dry_run": False,
     }
 
 
