@@ -270,17 +270,20 @@ def test_aws_dry_run_refuses_an_image_and_an_instance_type_ec2_does_not_have(
 def test_aws_dry_run_without_credentials_says_so_before_any_call(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    res = subprocess.run(
-        [sys.executable, str(APPS / "app.py"), "--multirun", "x=1", "hydra/launcher=ray_aws", DRY],
+    res = run_app(
+        "app.py",
+        "x=1",
+        "hydra/launcher=ray_aws",
+        DRY,
         cwd=tmp_path,
-        env={**env, "HOME": str(home), "AWS_EC2_METADATA_DISABLED": "true"},
-        capture_output=True,
-        text=True,
+        env={"HOME": str(home), "AWS_EC2_METADATA_DISABLED": "true"},
+        unset=tuple(
+            k for k in os.environ if k.startswith("AWS_") and k != "AWS_EC2_METADATA_DISABLED"
+        ),
         timeout=120,
     )
     assert res.returncode != 0
-    assert "no AWS credentials found on this machine" in res.stdout + res.stderr
+    assert "no AWS credentials found on this machine" in res.output
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
@@ -28,11 +28,9 @@ from ._jobs import (
     run_one_job,
     run_one_job_reporting,
 )
-from ._report import describe
+from ._records import write_record
+from ._report import SweepProgress, describe
 from ._validate import check_remote_options, without_nulls
-
-if TYPE_CHECKING:
-    from ._report import SweepProgress
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +113,6 @@ def run_batch_here(
     each job's record written as its result arrives, and then, also after a
     failure or Ctrl-C, `gather(job dirs)`: what the started jobs wrote on other
     nodes is brought to this one."""
-    from ._records import write_record
-    from ._report import SweepProgress
-
     job_dirs = JobDirs()
 
     def started(event: JobStarted) -> None:
@@ -156,7 +151,7 @@ def run_jobs(
     remote: Mapping[str, Any],
     *,
     policy: Policy,
-    progress: "SweepProgress",
+    progress: SweepProgress,
     configs: Mapping[int, DictConfig] | None = None,
     on_finished: Callable[[JobOutcome], None] | None = None,
     on_started: Callable[[JobStarted], None] | None = None,

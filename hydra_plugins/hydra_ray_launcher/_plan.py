@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import (
@@ -32,6 +32,9 @@ from ._redact import redacted
 from ._report import describe
 from ._sync import rsync_command
 from ._validate import ConfigError, without_nulls
+
+if TYPE_CHECKING:
+    from ._sweep import SweepBook, SweepSettings
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +86,8 @@ class Plan:
         raise SystemExit(0)
 
 
-def plan_jobs(
-    plan: Plan, loader: Any, config: DictConfig, jobs: Sequence[Job]
-) -> dict[int, DictConfig]:
-    """Compose (and resolve) every job's config as its job would; lists the jobs
-    and returns their configs by job number."""
-    configs: dict[int, DictConfig] = {}
+def plan_jobs(plan: Plan, loader: Any, config: DictConfig, jobs: Sequence[Job]) -> None:
+    """Compose (and resolve) every job's config as its job would; lists the jobs."""
     lines: list[str] = []
     for pos, job in enumerate(jobs):
         try:
@@ -101,7 +100,6 @@ def plan_jobs(
         with open_dict(cfg):  # as the job gets them
             cfg.hydra.job.id = str(job.idx)
             cfg.hydra.job.num = job.idx
-        configs[job.idx] = cfg
         try:
             problem = _unresolvable(cfg)
         except UnsupportedInterpolationType as exc:
@@ -120,7 +118,6 @@ def plan_jobs(
         elif pos == _JOBS_SHOWN // 2:
             lines.append(f"... {len(jobs) - _JOBS_SHOWN} more ...")
     plan.add(f"{len(jobs)} jobs (each config composed and resolved)", lines)
-    return configs
 
 
 def _unresolvable(cfg: DictConfig) -> str | None:
@@ -145,8 +142,8 @@ def _unresolvable(cfg: DictConfig) -> str | None:
     return None
 
 
-def plan_settings(plan: Plan, checked: Any, sweep_dir: Path) -> None:
-    """The keys that shape the run (a SweepSettings, already checked)."""
+def plan_settings(plan: Plan, checked: "SweepSettings", sweep_dir: Path) -> None:
+    """The keys that shape the run, already checked."""
     timeout = f"{checked.job_timeout_s:g} s" if checked.job_timeout_s else "none"
     plan.add(
         "Settings",
@@ -159,7 +156,7 @@ def plan_settings(plan: Plan, checked: Any, sweep_dir: Path) -> None:
     )
 
 
-def plan_resume(plan: Plan, book: Any, jobs: Sequence[Job]) -> None:
+def plan_resume(plan: Plan, book: "SweepBook", jobs: Sequence[Job]) -> None:
     """Which jobs a resume would take from the records, read only."""
     found = plan.check(lambda: book.plan(jobs, dry=True))
     if found is None:
@@ -252,7 +249,7 @@ def plan_cluster(plan: Plan, prepared: Mapping[str, Any]) -> None:
             ("initialization_commands", "worker_setup_commands", "worker_start_ray_commands"),
         ),
     ):
-        commands = [f"{c}" for key in keys for c in prepared.get(key) or []]
+        commands = [str(c) for key in keys for c in prepared.get(key) or []]
         plan.add(f"Commands on {node}, in the order they run", commands or ["none"])
     shown = OmegaConf.to_yaml(OmegaConf.create(redacted(prepared)))
     plan.add("The cluster config Ray would get", shown.rstrip("\n").splitlines())

@@ -340,8 +340,6 @@ def check_launch_preconditions(launcher_cfg: DictConfig) -> None:
         check_remote_options(plain_dict(launcher_cfg.ray.remote))
     except ConfigError as exc:
         problems.append(exc)
-    if len(problems) == 1:
-        raise problems[0]
     if problems:
         raise ConfigError("\n".join(str(p) for p in problems))
 
