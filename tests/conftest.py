@@ -145,12 +145,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def ray_head(env: dict[str, str]) -> Iterator[tuple[str, int]]:
+def ray_head(env: dict[str, str], client_port: int | None = None) -> Iterator[tuple[str, int]]:
     """A Ray cluster started with `ray start --head` on this machine (in `env`:
-    RAY_AUTH_MODE and HOME decide its token); yields its address and the session
-    id of its processes. Stopped after by killing its process group (never `ray
-    stop`, which would stop every Ray on the machine)."""
+    RAY_AUTH_MODE and HOME decide its token), with a Ray Client server on
+    `client_port` if given; yields its address and the session id of its
+    processes. Stopped after by killing its process group (never `ray stop`,
+    which would stop every Ray on the machine)."""
     port = free_port()
+    client = [f"--ray-client-server-port={client_port}"] if client_port else []
     # A short, private temp dir: Ray's socket paths must stay short, and its
     # record of "the latest cluster" must not leak to other tests.
     temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
@@ -164,6 +166,7 @@ def ray_head(env: dict[str, str]) -> Iterator[tuple[str, int]]:
             "--num-cpus=2",
             "--include-dashboard=false",
             f"--temp-dir={temp_dir}",
+            *client,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -174,7 +177,7 @@ def ray_head(env: dict[str, str]) -> Iterator[tuple[str, int]]:
         deadline = time.monotonic() + 60
         while True:
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
+                if s.connect_ex(("127.0.0.1", client_port or port)) == 0:
                     break
             assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
             time.sleep(0.5)

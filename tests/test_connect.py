@@ -149,3 +149,48 @@ def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
         time.sleep(0.2)
     left = processes_in_session(proc.pid)
     assert left == [], "\n".join(left)
+
+
+# On the head: the first per-client server of its Ray Client server dies at
+# start, as one can on a busy head; the next one starts.
+_FIRST_CLIENT_SERVER_DIES = """
+import os, sys
+if "--mode=specific-server" in sys.argv:
+    try:
+        os.close(os.open(os.environ["FAULT_MARKER"], os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        pass
+    else:
+        os._exit(1)
+"""
+
+
+def test_a_ray_client_server_that_fails_to_start_a_server_once_is_tried_again(
+    tmp_path: Path,
+) -> None:
+    fault = tmp_path / "fault"
+    fault.mkdir()
+    (fault / "sitecustomize.py").write_text(_FIRST_CLIENT_SERVER_DIES)
+    marker = tmp_path / "died-once"
+    head_env = _env(
+        _home(tmp_path, "head", None),
+        PYTHONPATH=os.pathsep.join([str(fault), os.environ.get("PYTHONPATH", "")]),
+        FAULT_MARKER=str(marker),
+        RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="5",  # how long the proxy waits for it
+    )
+    client_port = free_port()
+    with ray_head(head_env, client_port=client_port):
+        res = run_app(
+            "app.py",
+            "x=1,2",
+            f"hydra.launcher.ray.init.address=ray://127.0.0.1:{client_port}",
+            f"hydra.sweep.dir={tmp_path / 's'}",
+            cwd=tmp_path,
+            env=_env(_home(tmp_path, "user", None)),
+            unset=FRESH_SHELL,
+        )
+    assert marker.exists()  # the fault did strike
+    assert res.returncode == 0, res.output
+    assert "could not start a server for this client (try 1 of 4)" in res.output
+    assert "2 jobs done" in res.output
+    assert (tmp_path / "s" / "1" / "done_1.json").is_file()

@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,7 +163,7 @@ def start_ray(init: dict[str, Any]) -> None:
     check_connection(kwargs)
     before = descendants()
     try:
-        ray.init(**kwargs)
+        _init(kwargs)
     except KeyboardInterrupt:
         # Ctrl-C while Ray starts: stop what it started so far, now, not at exit
         # (Ray's exit hooks would leave its agents for a minute and exit with 1).
@@ -180,6 +181,36 @@ def start_ray(init: dict[str, Any]) -> None:
             + "; caused by ".join(reasons)
         ) from exc
     _ray_initialised_here = True
+
+
+# A Ray Client server (ray://) starts one server process per client; on a busy
+# head that process can die at start, and the next client gets a new one.
+# Nothing has run yet: trying again is safe.
+_CLIENT_TRIES = 4
+_CLIENT_SERVER_DIED = (
+    "Starting Ray client server failed",  # it died before the proxy saw it run
+    "Proxy failed to Connect to backend",  # it died before it listened
+)
+
+
+def _init(kwargs: dict[str, Any]) -> None:
+    import ray
+
+    for attempt in range(1, _CLIENT_TRIES + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except ConnectionError as exc:
+            if attempt == _CLIENT_TRIES or not any(m in str(exc) for m in _CLIENT_SERVER_DIED):
+                raise
+            reason = str(exc).strip().splitlines()[-1]
+            log.warning(
+                f"The Ray Client server at {kwargs.get('address')} could not start a server "
+                f"for this client (try {attempt} of {_CLIENT_TRIES}); trying again. "
+                f"Its words: {reason}"
+            )
+            ray.shutdown()
+            time.sleep(3 * attempt)
 
 
 _ESCAPES = re.compile(r"\x1b\[[0-9;]*m")

@@ -76,12 +76,18 @@ def _sweep(
     shutil.copytree(REPO / "tests" / "apps", app_dir)
     cmd = [sys.executable, app, "--multirun", *overrides, "hydra/launcher=ray"]
     cmd += [f"hydra.launcher.ray.init.address=ray://{address}"]
-    return hosts.run_in_netns(
+    res = hosts.run_in_netns(
         [*cmd, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
         env={**launcher_env(tmp_path), "RAY_AUTH_MODE": "disabled"},
         cwd=app_dir,
         timeout=300,
     )
+    # The head's log of a per-client server that died is the reason; it goes
+    # with the output into a failing assertion's message.
+    for name in set(re.findall(r"ray_client_server_\d+\.err", res.stdout)):
+        for log in (hosts.tmp_dir("head") / "ray").glob(f"session_*/logs/{name}"):
+            res.stdout += f"\n--- the head's {log.name} ---\n{log.read_text()[-4000:]}"
+    return res
 
 
 def _jobs(sweep: Path) -> list[dict[str, Any]]:
