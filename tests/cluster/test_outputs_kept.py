@@ -59,9 +59,12 @@ def _head_tmp(hosts: FakeHosts, output: str) -> Path:
     return hosts.host_path("head", found.group(1))
 
 
-def _interrupted_while_outputs_come_home(hosts: FakeHosts, tmp_path: Path) -> RunningApp:
-    """A sweep of two jobs that each write JOB_MIB MiB on the worker, Ctrl-C'd a
-    few seconds into the (slow) transfer of their outputs from the head."""
+def _interrupted_while_outputs_come_home(
+    hosts: FakeHosts, tmp_path: Path, sig: signal.Signals = signal.SIGINT
+) -> RunningApp:
+    """A sweep of two jobs that each write JOB_MIB MiB on the worker, sent `sig`
+    (Ctrl-C: SIGINT) a few seconds into the (slow) transfer of their outputs from
+    the head."""
     run = RunningApp(
         hosts,
         tmp_path,
@@ -78,16 +81,19 @@ def _interrupted_while_outputs_come_home(hosts: FakeHosts, tmp_path: Path) -> Ru
     while not list((tmp_path / "sweep" / "0").glob(".big.bin.*")):
         assert run.proc.poll() is None and time.monotonic() < deadline, run.output
         time.sleep(0.2)
-    run.proc.send_signal(signal.SIGINT)
-    run.wait_for("Ctrl-C again within", timeout=60)
+    run.proc.send_signal(sig)
+    if sig == signal.SIGINT:
+        run.wait_for("Ctrl-C again within", timeout=60)
     return run
 
 
-def _kept_on_the_head(hosts: FakeHosts, run: RunningApp) -> None:
+def _kept_on_the_head(
+    hosts: FakeHosts, run: RunningApp, why: str = "Ctrl-C interrupted the transfers home"
+) -> None:
     """The records came home first; the outputs did not (the rsync was cut), and
     they are all in the head's temp dir, kept, with the job spec private to the user."""
     sweep = run.tmp_path / "sweep"
-    assert "NOT ALL OUTPUTS ARE HOME: Ctrl-C interrupted the transfers home" in run.output
+    assert f"NOT ALL OUTPUTS ARE HOME: {why}" in run.output
     assert sorted(p.name for p in (sweep / ".hydra_ray").glob("job_*.pkl")) == [
         "job_0.pkl",
         "job_1.pkl",
@@ -144,6 +150,24 @@ def test_a_second_ctrl_c_tears_the_cluster_down_anyway(
     _kept_on_the_head(fake_hosts, run)
     assert "Second Ctrl-C: tearing the cluster down anyway" in run.output
     assert "Deleted the cluster" in run.output
+    for host in ("head", "worker"):
+        assert fake_hosts.wait_no_ray_processes(host, timeout=60) == [], host
+
+
+def test_sigterm_while_outputs_come_home_ends_the_run_at_once_and_keeps_them_on_the_cluster(
+    fake_hosts: FakeHosts, tmp_path: Path, cleanup_hosts: list[RunningApp]
+) -> None:
+    # A batch system's or `kill`'s SIGTERM: the run ends now, as it was told, but
+    # the head holds the only copy of the outputs, so the cluster stays.
+    run = _interrupted_while_outputs_come_home(fake_hosts, tmp_path, signal.SIGTERM)
+    cleanup_hosts.append(run)
+    assert run.wait(timeout=60) == 128 + signal.SIGTERM, run.output
+    _kept_on_the_head(fake_hosts, run, "a signal stopped the transfers home")
+    assert "Stopping cluster" not in run.output and "Ctrl-C again" not in run.output
+    assert fake_hosts.ray_processes("head"), "the cluster was torn down"
+    commands = _printed_commands(run.output)
+    assert [c[:2] for c in commands] == [["ray", "rsync-down"], ["ray", "down"]], run.output
+    _run_printed(fake_hosts, tmp_path, commands[1])  # the user gives up on the outputs
     for host in ("head", "worker"):
         assert fake_hosts.wait_no_ray_processes(host, timeout=60) == [], host
 
