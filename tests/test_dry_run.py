@@ -94,6 +94,19 @@ def test_every_problem_of_a_local_sweep_is_listed_at_once(tmp_path: Path) -> Non
     assert "hydra.launcher.retries=-1 is not valid" in problems
     assert "hydra.launcher.ray.remote.memory=1000000000000000" in problems
     _nothing_written(tmp_path / "sweep")
+    # The real run refuses the two bad keys together, before Ray starts.
+    real = _dry_run(
+        "x=1",
+        "+hydra.launcher.ray.remote.num_cpu=1",
+        "hydra.launcher.retries=-1",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    assert real.returncode != 0, real.output
+    assert "hydra.launcher.retries=-1 is not valid" in real.output
+    assert "hydra.launcher.ray.remote is not valid for ray.remote()" in real.output
+    assert "Initializing ray" not in real.output
+    _nothing_written(tmp_path / "sweep")
 
 
 def test_a_dry_run_of_a_resume_says_which_jobs_would_run_and_changes_nothing(

@@ -19,7 +19,7 @@ from ._jobs import JobOutcome, JobStarted, capture_sweep_state
 from ._procs import descendants, kill_new_descendants
 from ._redact import redacted
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
-from ._validate import ConfigError, plain_dict, ray_init_kwargs
+from ._validate import ConfigError, plain_dict, ray_init_kwargs, refuse, sweep_problems
 
 if TYPE_CHECKING:
     from .ray_launcher import RayLauncher
@@ -53,6 +53,8 @@ def launch(
 
         dry_run_local(launcher.hydra_context, config, job_overrides, initial_job_idx)
     if launcher.book is None:
+        # Everything that can be refused is refused here, before Ray starts.
+        refuse(sweep_problems(settings))
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         launcher.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))

@@ -83,8 +83,8 @@ def launch(
         dry_run_cluster(launcher.hydra_context, config, job_overrides, initial_job_idx, str(choice))
     if launcher.lifetime is None:
         # Everything that can be refused is refused here, before anything costs.
-        sweep = sweep_settings(settings)
         check_launch_preconditions(settings)
+        sweep = sweep_settings(settings)
         cluster_config = named_cluster(
             cluster_config_for_ray(settings), settings, str(config.hydra.job.name)
         )

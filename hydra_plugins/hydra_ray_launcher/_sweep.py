@@ -4,7 +4,6 @@ them, then write sweep_summary.json and show the summary table, also when the
 run is interrupted. Runs on the user's machine for every launcher."""
 
 import logging
-import math
 import shlex
 import shutil
 import sys
@@ -35,7 +34,7 @@ from ._records import (
     write_summary,
 )
 from ._report import describe, summary_table, want_live
-from ._validate import ConfigError
+from ._validate import ConfigError, refuse, settings_problems
 
 log = logging.getLogger(__name__)
 
@@ -71,23 +70,9 @@ def task_overrides(config: DictConfig) -> list[str]:
 
 
 def sweep_settings(launcher: DictConfig) -> SweepSettings:
-    retries = launcher.retries
-    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        raise ConfigError(
-            f"hydra.launcher.retries={retries} is not valid: set it to 0 (no retries, the "
-            "default) or to how many more times a job that raises may run (a whole number)"
-        )
-    timeout = launcher.job_timeout_s
-    # NaN passes `<= 0` and never expires (the driver would busy-loop); no limit
-    # is null, one way to say it.
-    if timeout is not None and (
-        not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0
-    ):
-        raise ConfigError(
-            f"hydra.launcher.job_timeout_s={timeout} is not valid: set it to the seconds a "
-            "job may run before it is cancelled (a finite number > 0), or to null for no "
-            "limit" + (" (not inf)" if timeout == math.inf else "")
-        )
+    """The settings, checked (`_validate.settings_problems`). Raises ConfigError."""
+    refuse(settings_problems(launcher))
+    retries, timeout = launcher.retries, launcher.job_timeout_s
     return SweepSettings(
         progress=bool(launcher.progress),
         retries=int(retries),

@@ -6,6 +6,7 @@ Ray is imported inside functions only: Hydra imports this package at every start
 import copy
 import importlib
 import logging
+import math
 import os
 import re
 import secrets
@@ -72,6 +73,53 @@ def ray_init_kwargs(init: Mapping[str, Any]) -> dict[str, Any]:
         # ray.init() calls the node's reservable memory `_memory`.
         kwargs["_memory"] = kwargs.pop("memory")
     return kwargs
+
+
+# ---- Every launcher: the keys that shape a sweep's run ----
+
+
+def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+    """`retries` and `job_timeout_s` values that cannot work."""
+    problems = []
+    retries = launcher_cfg.retries
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        problems.append(
+            ConfigError(
+                f"hydra.launcher.retries={retries} is not valid: set it to 0 (no retries, the "
+                "default) or to how many more times a job that raises may run (a whole number)"
+            )
+        )
+    timeout = launcher_cfg.job_timeout_s
+    # NaN passes `<= 0` and never expires (the driver would busy-loop); no limit
+    # is null, one way to say it.
+    if timeout is not None and (
+        not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0
+    ):
+        problems.append(
+            ConfigError(
+                f"hydra.launcher.job_timeout_s={timeout} is not valid: set it to the seconds a "
+                "job may run before it is cancelled (a finite number > 0), or to null for no "
+                "limit" + (" (not inf)" if timeout == math.inf else "")
+            )
+        )
+    return problems
+
+
+def sweep_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+    """What every launcher refuses before Ray starts: the settings, and
+    `ray.remote` options that ray.remote() refuses."""
+    problems = settings_problems(launcher_cfg)
+    try:
+        check_remote_options(plain_dict(launcher_cfg.ray.remote))
+    except ConfigError as exc:
+        problems.append(exc)
+    return problems
+
+
+def refuse(problems: list[ConfigError]) -> None:
+    """All the problems in one error, so that one run shows every fix to make."""
+    if problems:
+        raise ConfigError("\n".join(str(p) for p in problems))
 
 
 # ---- The cluster launchers (`ray_aws`, `ray_cluster`) ----
@@ -333,15 +381,9 @@ def _schema_error_message(exc: Any) -> str:
 
 def check_launch_preconditions(launcher_cfg: DictConfig) -> None:
     """Refuse, before anything is created, a cluster launcher config that cannot
-    work (every problem of `launch_problems`, and `ray.remote` options Ray
-    refuses, in one error). Raises ConfigError."""
-    problems = launch_problems(launcher_cfg)
-    try:
-        check_remote_options(plain_dict(launcher_cfg.ray.remote))
-    except ConfigError as exc:
-        problems.append(exc)
-    if problems:
-        raise ConfigError("\n".join(str(p) for p in problems))
+    work (every problem of `sweep_problems` and `launch_problems`, in one
+    error). Raises ConfigError."""
+    refuse(sweep_problems(launcher_cfg) + launch_problems(launcher_cfg))
 
 
 def launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
