@@ -145,7 +145,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def ray_head(env: dict[str, str], client_port: int | None = None) -> Iterator[tuple[str, int]]:
+def ray_head(
+    env: dict[str, str], client_port: int | None = None, dashboard_port: int | None = None
+) -> Iterator[tuple[str, int]]:
     """A Ray cluster started with `ray start --head` on this machine (in `env`:
     RAY_AUTH_MODE and HOME decide its token), with a Ray Client server on
     `client_port` if given; yields its address and the session id of its
@@ -153,6 +155,11 @@ def ray_head(env: dict[str, str], client_port: int | None = None) -> Iterator[tu
     which would stop every Ray on the machine)."""
     port = free_port()
     client = [f"--ray-client-server-port={client_port}"] if client_port else []
+    dashboard = (
+        ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+        if dashboard_port
+        else ["--include-dashboard=false"]
+    )
     # A short, private temp dir: Ray's socket paths must stay short, and its
     # record of "the latest cluster" must not leak to other tests.
     temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
@@ -164,8 +171,8 @@ def ray_head(env: dict[str, str], client_port: int | None = None) -> Iterator[tu
             "--block",
             f"--port={port}",
             "--num-cpus=2",
-            "--include-dashboard=false",
             f"--temp-dir={temp_dir}",
+            *dashboard,
             *client,
         ],
         stdout=subprocess.DEVNULL,
@@ -177,7 +184,7 @@ def ray_head(env: dict[str, str], client_port: int | None = None) -> Iterator[tu
         deadline = time.monotonic() + 60
         while True:
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", client_port or port)) == 0:
+                if s.connect_ex(("127.0.0.1", dashboard_port or client_port or port)) == 0:
                     break
             assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
             time.sleep(0.5)

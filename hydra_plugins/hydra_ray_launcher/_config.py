@@ -377,6 +377,65 @@ def _distributions_by_module() -> dict[str, list[str]]:
     return dict(importlib.metadata.packages_distributions())
 
 
+# ---- The Jobs API launcher (`ray_jobs`) ----
+
+
+@dataclass
+class JobsSyncUpConf:
+    """What of the app's code travels with the Ray job (in its working_dir,
+    uploaded by Ray's own client through the dashboard). include/exclude as for
+    `ray_aws`'s sync_up (rsync's patterns; see RsyncConf)."""
+
+    # The local dir to send, relative to the working dir or absolute; null: none.
+    # It is on the jobs' sys.path on every node.
+    source_dir: str | None = None
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=lambda: [".git", "__pycache__"])
+
+
+@dataclass
+class JobsSyncDownConf:
+    """What of the sweep dir written on the cluster comes home (the jobs'
+    records always do). include/exclude as for `ray_aws`'s sync_down."""
+
+    # The local dir; null: the local sweep output dir.
+    target_dir: str | None = None
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RayJobsLauncherConf(SweepRunConf):
+    """The `ray_jobs` launcher: the whole sweep as one Ray job (per batch) on a
+    running cluster, through its dashboard's Jobs API alone (KubeRay, Anyscale,
+    a port-forward): no SSH, no GCS port."""
+
+    _target_: str = "hydra_plugins.hydra_ray_launcher.ray_jobs_launcher.RayJobsLauncher"
+    # The dashboard: http(s)://HOST:PORT (8265 by default). null: RAY_API_SERVER_ADDRESS,
+    # else RAY_ADDRESS when it is an http(s) address, as `ray job submit` reads them.
+    address: str | None = None
+    # HTTP headers for every request to the dashboard: {Authorization: "Bearer ..."}.
+    headers: Any = None
+    # TLS: true (verify with the system's CAs), false, or a CA bundle's path.
+    verify: Any = True
+    # ray.init (its runtime_env too) and ray.remote, as the `ray` launcher's: used by
+    # the sweep's driver on the cluster.
+    ray: RayConf = field(default_factory=RayConf)
+    # The Ray job's runtime_env (env_vars, pip, ...), merged with what the launcher
+    # ships (its working_dir: the code, the job spec, this plugin).
+    runtime_env: Any = None
+    sync_up: JobsSyncUpConf = field(default_factory=JobsSyncUpConf)
+    sync_down: JobsSyncDownConf = field(default_factory=JobsSyncDownConf)
+    # Resources the sweep's driver reserves on the cluster (Ray's own default: none).
+    entrypoint_num_cpus: float | None = None
+    entrypoint_num_gpus: float | None = None
+    entrypoint_memory: int | None = None
+    entrypoint_resources: Any = None
+    # After Ctrl-C, seconds the stopped driver has to cancel the jobs and pack what
+    # finished before Ray kills it (RAY_JOB_STOP_WAIT_TIME_S).
+    stop_wait_s: int = 60
+
+
 def ray_pkg_version(name: str) -> str:
     """`${ray_pkg_version:NAME}`: the installed version of the package that
     provides the module NAME (hydra -> hydra-core), or of the distribution NAME."""
@@ -424,5 +483,6 @@ def register_configs() -> None:
         ("ray", RayLauncherConf),
         ("ray_aws", RayAWSLauncherConf),
         ("ray_cluster", RayClusterLauncherConf),
+        ("ray_jobs", RayJobsLauncherConf),
     ):
         store.store(group="hydra/launcher", name=name, node=node, provider="ray_launcher")

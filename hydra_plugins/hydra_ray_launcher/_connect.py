@@ -41,8 +41,10 @@ def check_connection(init: Mapping[str, Any]) -> None:
     if isinstance(address, str) and address.startswith(("http://", "https://")):
         raise ConfigError(
             f"{where}={address} is the address of a Ray dashboard (the Jobs API), which "
-            "ray.init() cannot use: give the cluster's GCS address HOST:6379 (from a node "
-            "of the cluster) or ray://HEAD:10001 (Ray Client, from elsewhere)"
+            "ray.init() cannot use: to run the sweep through the dashboard, use "
+            f"hydra/launcher=ray_jobs hydra.launcher.address={address}; or give the "
+            "cluster's GCS address HOST:6379 (from a node of the cluster) or "
+            "ray://HEAD:10001 (Ray Client, from elsewhere)"
         )
     if isinstance(address, str) and address.startswith("ray://"):
         host, _, port = address[len("ray://") :].rpartition(":")

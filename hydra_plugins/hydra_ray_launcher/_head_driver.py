@@ -4,6 +4,13 @@ outputs from the node that wrote them onto the head, and writes the job returns.
 
     python -m hydra_plugins.hydra_ray_launcher._head_driver JOB_SPEC RETURNS
 
+Submitted through the Jobs API (`ray_jobs`), in the Ray job's working dir:
+
+    python -m hydra_plugins.hydra_ray_launcher._head_driver jobs JOB_SPEC BUNDLE_PLAN
+
+runs the same, then packs the returns, the records and the outputs into one file
+in the head's Ray log dir, which the launcher fetches through the dashboard.
+
 When that driver did not finish (Ctrl-C, killed, failed), the launcher runs
 
     python -m hydra_plugins.hydra_ray_launcher._head_driver gather SWEEP_DIR
@@ -13,12 +20,16 @@ other nodes, so that sync_down brings it home before the cluster goes.
 """
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 import shlex
 import signal
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,8 +42,9 @@ from omegaconf import DictConfig
 from ._engine import Job, Policy
 from ._gather import JobDirs, LeftOnNode, gather_outputs
 from ._jobs import JobOutcome, JobStarted, SweepState
-from ._records import read_record
+from ._records import RECORD_DIR, read_record
 from ._redact import redacted
+from ._sync import rsync_command
 from ._validate import ray_init_kwargs
 
 log = logging.getLogger(__name__)
@@ -54,6 +66,18 @@ GATHER_REPORT = "gather_report.json"
 # In its working dir, one JSON line per job start (node, job dir): what `gather`
 # fetches after the driver was killed.
 _STARTS_FILE = "job_starts.jsonl"
+
+
+# The Jobs API launcher's files: in the Ray job's working dir, what to pack
+# ({"name": file name in the log dir, "sweep_dir", "include", "exclude"}); in the
+# job's log, the line that says where the pack is (then a JSON object: node_id,
+# file, size, sha256).
+BUNDLE_PLAN = "bundle.json"
+BUNDLE_MARK = "HYDRA_RAY_BUNDLE "
+# In the pack: the returns and the gather report (if written), the records, the
+# outputs (the sweep dir, filtered by sync_down, without the records).
+BUNDLE_RECORDS = "records"
+BUNDLE_OUTPUTS = "outputs"
 
 
 @dataclass(frozen=True)
@@ -101,7 +125,12 @@ def main(spec_path: str, returns_path: str) -> None:
         # Ray ships the working_dir to every node and puts it on the jobs' sys.path.
         runtime_env.setdefault("working_dir", os.path.abspath(spec.code_dir))
     init = ray_init_kwargs(
-        {**spec.init, "address": spec.init.get("address") or "auto", "runtime_env": runtime_env}
+        {
+            **spec.init,
+            # In a Ray job (ray_jobs), Ray sets RAY_ADDRESS to its own cluster.
+            "address": spec.init.get("address") or os.environ.get("RAY_ADDRESS") or "auto",
+            "runtime_env": runtime_env,
+        }
     )
     log.info(f"Connecting to the cluster's Ray with config: {redacted(init)}")
     ray.init(**init)
@@ -130,6 +159,76 @@ def main(spec_path: str, returns_path: str) -> None:
     with open(tmp, "wb") as out:
         cloudpickle.dump(outcomes, out)
     os.replace(tmp, returns_path)
+
+
+def main_for_jobs_api(spec_path: str, plan_path: str) -> None:
+    """`main`, then the pack, also after a failure or a stop: Ray's `stop_job`
+    sends SIGTERM, which cancels the jobs as Ctrl-C does."""
+    plan = json.loads(Path(plan_path).read_text())
+
+    def interrupt(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the pack must not be cut
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        main(spec_path, RETURNS)
+    finally:
+        write_bundle(plan)
+
+
+def write_bundle(plan: dict[str, Any]) -> None:
+    """Pack into the head's Ray log dir (which the dashboard serves) and say where."""
+    import ray
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
+    if not ray.is_initialized():
+        ray.init(address="auto")
+    # The node's log dir: the one dir whose files the dashboard's log API serves.
+    node = ray._private.worker.global_worker.node
+    assert node is not None
+    logs = Path(node.get_logs_dir_path())
+    sweep = Path(plan["sweep_dir"]).resolve()
+    part = logs / f"{plan['name']}.part"
+    with tempfile.TemporaryDirectory(prefix="hydra-ray-down-") as tmp:
+        outputs = sweep
+        if sweep.is_dir() and (plan["include"] or plan["exclude"]):
+            outputs = Path(tmp)
+            cmd = rsync_command(
+                f"{sweep}/", f"{outputs}/", include=plan["include"], exclude=plan["exclude"]
+            )
+            try:
+                subprocess.run(cmd, check=True)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                log.warning(f"sync_down's include/exclude not applied ({exc}): all comes home")
+                outputs = sweep
+        with tarfile.open(part, "w") as tar:
+            for name in (RETURNS, GATHER_REPORT):
+                if Path(name).is_file():
+                    tar.add(name, arcname=name)
+            if (sweep / RECORD_DIR).is_dir():
+                tar.add(sweep / RECORD_DIR, arcname=BUNDLE_RECORDS)
+            if outputs.is_dir():
+                tar.add(outputs, arcname=BUNDLE_OUTPUTS, filter=_not_records)
+    final = logs / str(plan["name"])
+    os.replace(part, final)
+    digest = hashlib.sha256()
+    with open(final, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    where = {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "file": final.name,
+        "size": final.stat().st_size,
+        "sha256": digest.hexdigest(),
+    }
+    size = final.stat().st_size
+    log.info(f"Packed the results and outputs to bring home: {size / 2**20:.1f} MiB")
+    print(BUNDLE_MARK + json.dumps(where), flush=True)
+
+
+def _not_records(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if member.name.startswith(f"{BUNDLE_OUTPUTS}/{RECORD_DIR}") else member
 
 
 def driver_command(remote_tmp: str, code_dir: str | None) -> str:
@@ -238,5 +337,7 @@ def load_outcomes(path: str) -> list[JobOutcome]:
 if __name__ == "__main__":
     if sys.argv[1] == "gather":
         gather_after_failure(sys.argv[2])
+    elif sys.argv[1] == "jobs":
+        main_for_jobs_api(*sys.argv[2:4])
     else:
         main(*sys.argv[1:3])

@@ -1,0 +1,415 @@
+"""Launch of the `ray_jobs` launcher: each batch of the sweep is one Ray job,
+submitted through the cluster's dashboard (Ray's Jobs API). Its working_dir
+holds the user's code, this plugin and the job spec; its driver is the head
+driver the cluster launchers run; the results and outputs come home as one
+file served by the dashboard's log API. Nothing here needs SSH or the GCS port."""
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+from hydra.core.utils import JobReturn, configure_log, setup_globals
+from omegaconf import DictConfig
+
+from ._head_driver import (
+    BUNDLE_MARK,
+    BUNDLE_OUTPUTS,
+    BUNDLE_PLAN,
+    BUNDLE_RECORDS,
+    JOB_SPEC,
+    PLUGIN_DIR,
+    RETURNS,
+    JobSpec,
+    load_outcomes,
+)
+from ._jobs import JobOutcome, capture_sweep_state
+from ._records import RECORD_DIR
+from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
+from ._sync import rsync_command
+from ._validate import ConfigError, plain_dict, refuse, sweep_problems, without_nulls
+
+if TYPE_CHECKING:
+    from .ray_jobs_launcher import RayJobsLauncher
+
+log = logging.getLogger(__name__)
+
+# Ray refuses a larger working_dir upload (HTTP 413); 100 MiB today.
+UPLOAD_LIMIT = 100 * 2**20
+_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+class RayJobError(RuntimeError):
+    """The Ray job of the sweep ended without the jobs' results."""
+
+
+class OutputsNotHomeError(RuntimeError):
+    """The pack with the results and outputs did not come home."""
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """Where and how to reach the cluster's dashboard."""
+
+    address: str
+    headers: dict[str, str]
+    verify: bool | str
+
+    def client(self) -> Any:
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.address, headers=self.headers, verify=self.verify)
+
+
+def dashboard_address(settings: DictConfig) -> str:
+    """hydra.launcher.address, else RAY_API_SERVER_ADDRESS, else an http(s)
+    RAY_ADDRESS (as `ray job submit`). Raises ConfigError."""
+    address = settings.address
+    key = "hydra.launcher.address"
+    if address is None:
+        for var in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"):
+            value = os.environ.get(var, "")
+            if value.startswith(("http://", "https://")):
+                return value.rstrip("/")
+        raise ConfigError(
+            f"{key} is not set: give the cluster's dashboard, e.g. "
+            f"{key}=http://127.0.0.1:8265 (after `kubectl port-forward "
+            "svc/<cluster>-head-svc 8265:8265`), or set RAY_API_SERVER_ADDRESS"
+        )
+    address = str(address)
+    if address.startswith("ray://") or not address.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{key}={address} is not a dashboard address: the ray_jobs launcher talks to the "
+            "dashboard, http(s)://HOST:8265. For a Ray Client (ray://HOST:10001) or GCS "
+            "(HOST:6379) address, use hydra/launcher=ray with "
+            "hydra.launcher.ray.init.address=..."
+        )
+    return address.rstrip("/")
+
+
+def _dashboard(settings: DictConfig) -> Dashboard:
+    headers = plain_dict(settings.headers) if settings.headers is not None else {}
+    verify = settings.verify
+    if not isinstance(verify, (bool, str)):
+        raise ConfigError(
+            f"hydra.launcher.verify={verify} is not valid: true, false, or a CA bundle's path"
+        )
+    return Dashboard(
+        dashboard_address(settings), {str(k): str(v) for k, v in headers.items()}, verify
+    )
+
+
+def jobs_problems(settings: DictConfig) -> list[ConfigError]:
+    """What the ray_jobs launcher refuses before anything is uploaded."""
+    problems = sweep_problems(settings)
+    try:
+        _dashboard(settings)
+    except ConfigError as exc:
+        problems.append(exc)
+    source_dir = settings.sync_up.source_dir
+    if source_dir is not None and not Path(str(source_dir)).expanduser().is_dir():
+        problems.append(
+            ConfigError(
+                f"hydra.launcher.sync_up.source_dir={source_dir} is not a directory. Give the "
+                "dir of your code (relative to the working dir or absolute), or null."
+            )
+        )
+    if source_dir is not None and shutil.which("rsync") is None:
+        problems.append(
+            ConfigError("rsync not found on PATH: sync_up filters with it. Install it.")
+        )
+    return problems
+
+
+def launch(
+    launcher: "RayJobsLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> Sequence[JobReturn]:
+    assert launcher.config is not None
+    assert launcher.hydra_context is not None
+    assert launcher.task_function is not None
+    config = launcher.config
+    settings: DictConfig = config.hydra.launcher
+    setup_globals()
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    if launcher.book is None:
+        # Everything that can be refused is refused here, before any upload.
+        refuse(jobs_problems(settings))
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        launcher.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
+    book = launcher.book
+    with batch(book, job_overrides, initial_job_idx) as current:
+        if current.to_run:
+            current.outcomes = _run_as_ray_job(launcher, book, current, _dashboard(settings))
+    return current.returns
+
+
+def _run_as_ray_job(
+    launcher: "RayJobsLauncher", book: SweepBook, current: Batch, dashboard: Dashboard
+) -> list[JobOutcome]:
+    assert launcher.config is not None
+    settings = launcher.config.hydra.launcher
+    submission_id = _submission_id(launcher.config, current)
+    with tempfile.TemporaryDirectory(prefix="hydra-ray-jobs-") as tmp:
+        package = Path(tmp) / "package"
+        _stage(launcher, book, current, settings, package, submission_id)
+        _check_upload_size(package)
+        client = dashboard.client()
+        runtime_env = _runtime_env(settings, package)
+        entrypoint = (
+            f"PYTHONPATH={PLUGIN_DIR}:code:$PYTHONPATH RAY_DEDUP_LOGS=0 python -m "
+            f"hydra_plugins.hydra_ray_launcher._head_driver jobs {JOB_SPEC} {BUNDLE_PLAN}"
+        )
+        client.submit_job(
+            entrypoint=entrypoint,
+            submission_id=submission_id,
+            runtime_env=runtime_env,
+            **without_nulls(
+                {
+                    "entrypoint_num_cpus": settings.entrypoint_num_cpus,
+                    "entrypoint_num_gpus": settings.entrypoint_num_gpus,
+                    "entrypoint_memory": settings.entrypoint_memory,
+                    "entrypoint_resources": plain_dict(settings.entrypoint_resources)
+                    if settings.entrypoint_resources is not None
+                    else None,
+                }
+            ),
+        )
+        log.info(
+            f"Submitted the sweep as Ray job {submission_id} to {dashboard.address}; "
+            f"follow it with `ray job logs -f {submission_id} --address {dashboard.address}`"
+        )
+        try:
+            logs = _follow(client, submission_id)
+        except KeyboardInterrupt:
+            log.warning(f"Ctrl-C: stopping Ray job {submission_id} (its jobs are cancelled)")
+            client.stop_job(submission_id)
+            _wait_end(client, submission_id, float(settings.stop_wait_s) + 30)
+            _bring_home(dashboard, client.get_job_logs(submission_id), settings, book, Path(tmp))
+            raise
+        if _bundle_location(logs) is None:  # the job ended without one: its last words
+            logs = client.get_job_logs(submission_id)
+        returns = _bring_home(dashboard, logs, settings, book, Path(tmp))
+        if returns is None:
+            status = _wait_end(client, submission_id, 60)
+            info = client.get_job_info(submission_id)
+            raise RayJobError(
+                f"Ray job {submission_id} ended {status} without the jobs' results: "
+                f"{info.message or ''} (its log: `ray job logs {submission_id} --address "
+                f"{dashboard.address}`)"
+            )
+        return load_outcomes(str(returns))
+
+
+def _submission_id(config: DictConfig, current: Batch) -> str:
+    """Found again by name: the app, when, and the batch's first job."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", str(config.hydra.job.name))
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"hydra-{name}-{stamp}-{current.jobs[0].idx}"
+
+
+def _stage(
+    launcher: "RayJobsLauncher",
+    book: SweepBook,
+    current: Batch,
+    settings: DictConfig,
+    package: Path,
+    submission_id: str,
+) -> None:
+    """The Ray job's working dir: the job spec, this plugin, the user's code."""
+    import rich
+
+    assert launcher.config is not None
+    assert launcher.hydra_context is not None and launcher.task_function is not None
+    config = launcher.config
+    package.mkdir()
+    for source, target in (
+        (Path(__file__).parent, package / PLUGIN_DIR / "hydra_plugins" / "hydra_ray_launcher"),
+        (Path(rich.__file__).parent, package / PLUGIN_DIR / "rich"),
+    ):
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    sync = settings.sync_up
+    if sync.source_dir is not None:
+        source = Path(str(sync.source_dir)).expanduser().resolve()
+        cmd = rsync_command(
+            f"{source}/",
+            f"{package / 'code'}/",
+            include=list(sync.include),
+            exclude=list(sync.exclude),
+        )
+        subprocess.run(cmd, check=True)
+    loader = launcher.hydra_context.config_loader
+    configs = {j.idx: loader.load_sweep_config(config, j.overrides) for j in current.to_run}
+    spec = JobSpec(
+        state=capture_sweep_state(launcher.hydra_context, launcher.task_function, config),
+        jobs=current.to_run,
+        configs=configs,
+        init=plain_dict(settings.ray.init),
+        remote=plain_dict(settings.ray.remote),
+        sweep_dir=str(book.sweep_dir),
+        code_dir="code" if sync.source_dir is not None else None,
+        policy=book.settings.policy,
+        live=book.settings.live,
+        width=shutil.get_terminal_size().columns if book.settings.live else None,
+        already_done=current.already_done,
+    )
+    (package / JOB_SPEC).write_bytes(cloudpickle.dumps(spec))
+    down = settings.sync_down
+    plan = {
+        "name": f"{submission_id}.tar",
+        "sweep_dir": str(book.sweep_dir),
+        "include": list(down.include),
+        "exclude": list(down.exclude),
+    }
+    (package / BUNDLE_PLAN).write_text(json.dumps(plan))
+
+
+def _check_upload_size(package: Path) -> None:
+    """Refuse, before the upload, a package Ray would refuse after it."""
+    files = [(p, p.stat().st_size) for p in package.rglob("*") if p.is_file()]
+    total = sum(size for _, size in files)
+    if total <= UPLOAD_LIMIT:
+        return
+    biggest = sorted(files, key=lambda f: -f[1])[:5]
+    listed = ", ".join(f"{_shown(p, package)} ({size / 2**20:.1f} MiB)" for p, size in biggest)
+    raise ConfigError(
+        f"The Ray job's package is {total / 2**20:.0f} MiB, over Ray's upload limit of "
+        f"{UPLOAD_LIMIT / 2**20:.0f} MiB; the biggest files: {listed}. Leave out what the jobs "
+        "do not need with hydra.launcher.sync_up.exclude (or sync_up.include)"
+    )
+
+
+def _shown(path: Path, package: Path) -> str:
+    code = package / "code"
+    return str(path.relative_to(code)) if path.is_relative_to(code) else path.name
+
+
+def _runtime_env(settings: DictConfig, package: Path) -> dict[str, Any]:
+    """The user's runtime_env with the launcher's working_dir, and time for the
+    stopped driver to pack what finished."""
+    env = dict(plain_dict(settings.runtime_env)) if settings.runtime_env is not None else {}
+    env["working_dir"] = str(package)
+    env_vars = {str(k): str(v) for k, v in (env.get("env_vars") or {}).items()}
+    env_vars.setdefault("RAY_JOB_STOP_WAIT_TIME_S", str(int(settings.stop_wait_s)))
+    env["env_vars"] = env_vars
+    return env
+
+
+def _follow(client: Any, submission_id: str) -> str:
+    """Stream the job's log here until the driver says where its pack is (what
+    follows is Ray's own shutdown, seconds of it) or the job ends; the log."""
+    seen: list[str] = []
+    pending = ""
+
+    async def tail() -> None:
+        nonlocal pending
+        async for chunk in client.tail_job_logs(submission_id):
+            seen.append(chunk)
+            pending += chunk
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                if line.startswith(BUNDLE_MARK):
+                    return
+                sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    asyncio.run(tail())
+    if pending and not pending.startswith(BUNDLE_MARK):
+        sys.stdout.write(pending + "\n")
+    return "".join(seen)
+
+
+def _wait_end(client: Any, submission_id: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = str(client.get_job_status(submission_id))
+        if status in _TERMINAL or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
+
+
+def _bundle_location(logs: str) -> dict[str, Any] | None:
+    for line in reversed(logs.splitlines()):
+        if line.startswith(BUNDLE_MARK):
+            found = json.loads(line[len(BUNDLE_MARK) :])
+            return found if isinstance(found, dict) else None
+    return None
+
+
+def _bring_home(
+    dashboard: Dashboard, logs: str, settings: DictConfig, book: SweepBook, tmp: Path
+) -> Path | None:
+    """Fetch the pack through the dashboard, check it, unpack the records, the
+    outputs and the returns here; the returns' path (None if the driver did not
+    write them). Raises OutputsNotHomeError."""
+    where = _bundle_location(logs)
+    if where is None:
+        raise OutputsNotHomeError(
+            "The Ray job's driver did not say where its results are (it ended before "
+            "packing them): the jobs' outputs, if any, are on the cluster only"
+        )
+    local = tmp / "bundle.tar"
+    try:
+        _download(dashboard, where, local)
+    except (OSError, ValueError) as exc:
+        raise OutputsNotHomeError(
+            f"The results did not come home ({exc}): they stay on the cluster's head, in "
+            f"its Ray log dir as {where['file']} (node {where['node_id']})"
+        ) from exc
+    unpacked = tmp / "unpacked"
+    with tarfile.open(local) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(unpacked, filter="data")
+        else:  # pragma: no cover - Pythons without extraction filters
+            tar.extractall(unpacked)
+    if (unpacked / BUNDLE_RECORDS).is_dir():
+        shutil.copytree(unpacked / BUNDLE_RECORDS, book.sweep_dir / RECORD_DIR, dirs_exist_ok=True)
+    target = settings.sync_down.target_dir
+    target_dir = Path(str(target)) if target is not None else book.sweep_dir
+    if (unpacked / BUNDLE_OUTPUTS).is_dir():
+        shutil.copytree(unpacked / BUNDLE_OUTPUTS, target_dir, dirs_exist_ok=True)
+        log.info(f"Brought home the outputs ({where['size'] / 2**20:.1f} MiB pack) to {target_dir}")
+    returns = unpacked / RETURNS
+    return returns if returns.is_file() else None
+
+
+def _download(dashboard: Dashboard, where: Mapping[str, Any], local: Path) -> None:
+    """The pack, from the dashboard's log API, checked (size, sha256)."""
+    import requests
+    from ray._private.authentication.http_token_authentication import (
+        get_auth_headers_if_auth_enabled,
+    )
+
+    query = urllib.parse.urlencode(
+        {"node_id": where["node_id"], "filename": where["file"], "lines": -1, "timeout": 600}
+    )
+    headers = get_auth_headers_if_auth_enabled(dict(dashboard.headers))
+    digest, size = hashlib.sha256(), 0
+    url = f"{dashboard.address}/api/v0/logs/file?{query}"
+    with requests.get(url, stream=True, headers=headers, verify=dashboard.verify, timeout=60) as r:
+        if r.status_code != 200:
+            raise ValueError(f"the dashboard answered {r.status_code}: {r.text[:300]}")
+        with open(local, "wb") as out:
+            for chunk in r.iter_content(chunk_size=1 << 20):
+                out.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+    if size != where["size"] or digest.hexdigest() != where["sha256"]:
+        raise ValueError(
+            f"the pack arrived damaged ({size} bytes of {where['size']}, or another sha256)"
+        )

@@ -1,0 +1,47 @@
+"""A TCP forwarder on loopback: the stand-in for `kubectl port-forward` in front
+of a cluster's dashboard (the launching side reaches that one port only)."""
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(1 << 16):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+@contextlib.contextmanager
+def port_forward(target_port: int) -> Iterator[int]:
+    """Forward a new loopback port to 127.0.0.1:`target_port`; yields the new port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", target_port))
+            except OSError:
+                conn.close()
+                continue
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        listener.close()

@@ -1,0 +1,230 @@
+"""The `ray_jobs` launcher against a real Ray cluster (`ray start --head` with its
+dashboard) reached through one forwarded port, as a KubeRay cluster is through
+`kubectl port-forward`: the sweep runs there as one Ray job, and every result,
+record and output comes home through that port alone."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hydra.test_utils.launcher_common_tests import (
+    BatchedSweeperTestSuite,
+    IntegrationTestSuite,
+    LauncherTestSuite,
+)
+
+from .conftest import APPS, AppRun, free_port, ray_head, run_app
+from .port_forward import port_forward
+
+FRESH_SHELL = ("RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+USER_ENV = {"RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The forwarded dashboard address of a head whose `python` is this venv's."""
+    home = tmp_path_factory.mktemp("head-home")
+    env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL}
+    env.update(
+        HOME=str(home),
+        RAY_AUTH_MODE="disabled",
+        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+    )
+    port = free_port()
+    with ray_head(env, dashboard_port=port), port_forward(port) as forwarded:
+        yield f"http://127.0.0.1:{forwarded}"
+
+
+def _sweep(dashboard: str, tmp_path: Path, *overrides: str) -> AppRun:
+    return run_app(
+        "app.py",
+        *overrides,
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address={dashboard}",
+        "hydra.sweep.dir=sweep",
+        cwd=tmp_path,
+        env=USER_ENV,
+        unset=FRESH_SHELL[1:],
+        timeout=300,
+    )
+
+
+def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
+    dashboard: str, tmp_path: Path
+) -> None:
+    res = _sweep(dashboard, tmp_path, "x=1,2,3", "raise_on=[3]")
+    assert res.returncode != 0, res.output  # job #2 raises
+    out = res.output
+    assert "Submitted the sweep as Ray job hydra-app-" in out, out
+    # The driver's lines stream here: each job's end, the summary table.
+    assert "#0 : x=1 raise_on=[3] succeeded" in out or "[1/3]" in out, out
+    sweep = tmp_path / "sweep"
+    for num in range(3):
+        assert (sweep / str(num) / ".hydra" / "config.yaml").is_file(), out
+        assert (sweep / str(num) / "app.log").is_file()
+        assert (sweep / str(num) / f"done_{num}.json").is_file() == (num != 2)
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [j["status"] for j in summary["jobs"]] == ["succeeded", "succeeded", "failed"]
+    assert "job 2 was told to raise" in out
+    records = sorted(p.name for p in (sweep / ".hydra_ray").glob("job_*.pkl"))
+    assert records == ["job_0.pkl", "job_1.pkl", "job_2.pkl"]
+    assert "HYDRA_RAY_BUNDLE" not in out
+
+
+def test_ctrl_c_stops_the_ray_job_and_brings_home_what_finished(
+    dashboard: str, tmp_path: Path
+) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL[1:]}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(APPS / "app.py"),
+            "--multirun",
+            "x=1,2,3",
+            "slow_first=[2,3]",
+            "hydra/launcher=ray_jobs",
+            f"hydra.launcher.address={dashboard}",
+            "hydra.sweep.dir=sweep",
+            "hydra.launcher.stop_wait_s=20",
+        ],
+        cwd=tmp_path,
+        env={**env, **USER_ENV, "RAY_USAGE_STATS_ENABLED": "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        # Job #0 done, #1 and #2 running (60 s each): Ctrl-C.
+        while not ("succeeded in" in "".join(lines) and "".join(lines).count("started on") == 3):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    out = "".join(lines)
+    assert proc.returncode != 0, out
+    assert "Ctrl-C: stopping Ray job hydra-app-" in out, out
+    submission = out.split("Ctrl-C: stopping Ray job ", 1)[1].split()[0]
+    client = JobSubmissionClient(dashboard)
+    assert str(client.get_job_status(submission)) == "STOPPED"
+    sweep = tmp_path / "sweep"
+    # What finished came home, with its record; the rest is named interrupted.
+    assert (sweep / "0" / "done_0.json").is_file(), out
+    assert (sweep / ".hydra_ray" / "job_0.pkl").is_file()
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert summary["jobs"][0]["status"] == "succeeded"
+    assert {j["status"] for j in summary["jobs"][1:]} == {"interrupted"}, summary
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("ray://127.0.0.1:10001", "use hydra/launcher=ray with"),
+        ("127.0.0.1:6379", "is not a dashboard address"),
+        (None, "hydra.launcher.address is not set"),
+    ],
+    ids=["ray client", "gcs", "none"],
+)
+def test_an_address_that_is_no_dashboard_is_refused_with_the_launcher_to_use(
+    tmp_path: Path, address: str | None, says: str
+) -> None:
+    key = [] if address is None else [f"hydra.launcher.address={address}"]
+    res = run_app("app.py", "x=1", "hydra/launcher=ray_jobs", *key, cwd=tmp_path, unset=FRESH_SHELL)
+    assert res.returncode != 0
+    assert says in res.output, res.output
+    assert "Submitted" not in res.output and "Uploading package" not in res.output
+
+
+def test_a_package_over_ray_s_upload_limit_is_refused_before_the_upload(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    (code / "data").mkdir(parents=True)
+    (code / "data" / "huge.bin").write_bytes(b"\0" * (101 * 2**20))
+    (code / "model.py").write_text("x = 1\n")
+    res = run_app(
+        "app.py",
+        "x=1",
+        "hydra/launcher=ray_jobs",
+        # Nothing listens here: the refusal must come before any request.
+        f"hydra.launcher.address=http://127.0.0.1:{free_port()}",
+        f"hydra.launcher.sync_up.source_dir={code}",
+        cwd=tmp_path,
+        unset=FRESH_SHELL,
+    )
+    assert res.returncode != 0
+    assert "over Ray's upload limit of 100 MiB" in res.output, res.output
+    assert "data/huge.bin (101.0 MiB)" in res.output
+    assert "hydra.launcher.sync_up.exclude" in res.output
+    # With the big dir left out, the package fits: the run gets as far as the address.
+    res = run_app(
+        "app.py",
+        "x=1",
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address=http://127.0.0.1:{free_port()}",
+        f"hydra.launcher.sync_up.source_dir={code}",
+        "hydra.launcher.sync_up.exclude=[data]",
+        cwd=tmp_path,
+        unset=FRESH_SHELL,
+    )
+    assert res.returncode != 0
+    assert "upload limit" not in res.output and "127.0.0.1" in res.output, res.output
+
+
+# ---- Hydra's own conformance suites, against the forwarded dashboard.
+
+
+@pytest.fixture
+def _to_the_dashboard(dashboard: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The launcher reads the address as `ray job submit` does, when the key is null.
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", dashboard)
+
+
+@pytest.mark.usefixtures("_to_the_dashboard")
+@pytest.mark.parametrize("launcher_name, overrides", [("ray_jobs", [])])
+class TestRayJobsLauncher(LauncherTestSuite):
+    pass
+
+
+@pytest.mark.usefixtures("_to_the_dashboard")
+@pytest.mark.parametrize(
+    "launcher_name, overrides",
+    [("ray_jobs", ["hydra/sweeper=basic", "hydra.sweeper.max_batch_size=2"])],
+)
+class TestRayJobsLauncherBatched(BatchedSweeperTestSuite):
+    pass
+
+
+@pytest.fixture
+def extra_flags(dashboard: str) -> list[str]:
+    return ["-m", f"hydra.launcher.address={dashboard}"]
+
+
+@pytest.mark.parametrize(
+    "task_launcher_cfg",
+    [{"defaults": [{"override hydra/launcher": "ray_jobs"}, "_self_"]}],
+)
+class TestRayJobsLauncherIntegration(IntegrationTestSuite):
+    # Two tests of the suite print a job's os.getcwd() / to_absolute_path() and
+    # expect the launching machine's dirs: a ray_jobs job runs on the cluster, in
+    # the Ray job's working dir (where the shipped code is), so these cannot hold
+    # for it (nor for any launcher whose jobs run on other machines). The sweep
+    # dir's contents coming home is asserted by the tests above instead.
+    test_custom_sweeper_run_workdir = None  # type: ignore[assignment]
+    test_to_absolute_path_multirun = None  # type: ignore[assignment]
