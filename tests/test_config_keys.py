@@ -18,6 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from hydra_plugins.hydra_ray_launcher._config import (
     RayAWSLauncherConf,
     RayClusterLauncherConf,
+    RayJobsLauncherConf,
     RayLauncherConf,
 )
 from hydra_plugins.hydra_ray_launcher._validate import (
@@ -31,6 +32,7 @@ from hydra_plugins.hydra_ray_launcher._validate import (
 APPS = Path(__file__).parent / "apps"
 LAUNCHERS = {"ray": RayLauncherConf, "ray_aws": RayAWSLauncherConf}
 LAUNCHERS["ray_cluster"] = RayClusterLauncherConf
+LAUNCHERS["ray_jobs"] = RayJobsLauncherConf
 
 
 def _leaves(node: type, prefix: str = "") -> Iterator[tuple[str, Any, Any]]:

@@ -228,3 +228,44 @@ class TestRayJobsLauncherIntegration(IntegrationTestSuite):
     # dir's contents coming home is asserted by the tests above instead.
     test_custom_sweeper_run_workdir = None  # type: ignore[assignment]
     test_to_absolute_path_multirun = None  # type: ignore[assignment]
+
+
+def test_a_dry_run_plans_the_ray_job_and_sends_nothing(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "model.py").write_text("x = 1\n")
+    (code / "notes.txt").write_text("left out\n")
+    # Nothing listens at the address: a dry run makes no request.
+    address = f"http://127.0.0.1:{free_port()}"
+    res = run_app(
+        "app.py",
+        "x=1,2",
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address={address}",
+        f"hydra.launcher.sync_up.source_dir={code}",
+        "hydra.launcher.sync_up.include=[*.py]",
+        "hydra.launcher.sync_up.exclude=[*]",
+        "hydra.launcher.dry_run=true",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+        unset=FRESH_SHELL,
+    )
+    assert res.returncode == 0, res.output
+    assert "Dry run of the ray_jobs launcher: nothing was started" in res.output
+    assert f"one Ray job per batch, submitted to the dashboard at {address}" in res.output
+    assert "code: 1 files" in res.output and "model.py" in res.output
+    assert "notes.txt" not in res.output
+    assert "2 jobs (each config composed and resolved)" in res.output
+    # Every problem at once: the address and a bad setting.
+    res = run_app(
+        "app.py",
+        "x=1",
+        "hydra/launcher=ray_jobs",
+        "hydra.launcher.address=ray://127.0.0.1:10001",
+        "hydra.launcher.retries=-1",
+        "hydra.launcher.dry_run=true",
+        cwd=tmp_path,
+        unset=FRESH_SHELL,
+    )
+    assert res.returncode != 0
+    assert "Dry run: 2 problems would stop this sweep" in res.output, res.output

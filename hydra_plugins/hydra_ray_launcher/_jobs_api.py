@@ -116,7 +116,12 @@ def _dashboard(settings: DictConfig) -> Dashboard:
 
 def jobs_problems(settings: DictConfig) -> list[ConfigError]:
     """What the ray_jobs launcher refuses before anything is uploaded."""
-    problems = sweep_problems(settings)
+    return sweep_problems(settings) + launch_problems(settings)
+
+
+def launch_problems(settings: DictConfig) -> list[ConfigError]:
+    """The ray_jobs launcher's own keys that cannot work: the address, sync_up."""
+    problems = []
     try:
         _dashboard(settings)
     except ConfigError as exc:
@@ -146,6 +151,10 @@ def launch(
     settings: DictConfig = config.hydra.launcher
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    if settings.dry_run:
+        from ._plan import dry_run_jobs
+
+        dry_run_jobs(launcher.hydra_context, config, job_overrides, initial_job_idx)
     if launcher.book is None:
         # Everything that can be refused is refused here, before any upload.
         refuse(jobs_problems(settings))

@@ -478,3 +478,47 @@ def dry_run_cluster(
         plan_aws(plan, cluster)
     plan_sync(plan, settings)
     plan.finish()
+
+
+def dry_run_jobs(
+    hydra_context: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], first: int
+) -> NoReturn:
+    """The dry run of the `ray_jobs` launcher: no request reaches the dashboard."""
+    from ._jobs_api import UPLOAD_LIMIT, dashboard_address, launch_problems
+
+    plan = Plan("ray_jobs")
+    settings = config.hydra.launcher
+    plan_sweep(plan, hydra_context, config, job_overrides, first)
+    plan.problems += [str(p) for p in launch_problems(settings)]
+    try:
+        address = dashboard_address(settings)
+    except ConfigError:
+        address = "(none: see the problems)"
+    lines = [f"one Ray job per batch, submitted to the dashboard at {address}"]
+    up = settings.sync_up
+    source = Path(str(up.source_dir)).expanduser().resolve() if up.source_dir else None
+    if source is None:
+        lines.append("code: none sent (hydra.launcher.sync_up.source_dir is null)")
+    elif source.is_dir():
+        files = _would_copy(source, list(up.include), list(up.exclude))
+        total = sum(size for _, size in files)
+        lines.append(f"code: {len(files)} files, {_size(total)} from {source}")
+        lines += [f"  {_size(size):>10}  {name}" for name, size in _largest(files)]
+        if total > UPLOAD_LIMIT:
+            plan.problems.append(
+                f"hydra.launcher.sync_up: {_size(total)} of code is over Ray's upload limit of "
+                f"{_size(UPLOAD_LIMIT)}: leave out what the jobs do not need with "
+                "hydra.launcher.sync_up.exclude (the biggest files are listed above)"
+            )
+    down = settings.sync_down
+    lines.append(
+        f"back: the records, the returns and the sweep dir's outputs -> "
+        f"{down.target_dir or 'the local sweep dir'}"
+        + (
+            f" (include={list(down.include)}, exclude={list(down.exclude)})"
+            if down.include or down.exclude
+            else ""
+        )
+    )
+    plan.add("Where the jobs run", lines)
+    plan.finish()
