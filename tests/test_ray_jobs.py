@@ -3,8 +3,10 @@ dashboard) reached through one forwarded port, as a KubeRay cluster is through
 `kubectl port-forward`: the sweep runs there as one Ray job, and every result,
 record and output comes home through that port alone."""
 
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,6 +187,43 @@ def test_a_package_over_ray_s_upload_limit_is_refused_before_the_upload(tmp_path
     )
     assert res.returncode != 0
     assert "upload limit" not in res.output and "127.0.0.1" in res.output, res.output
+
+
+def test_the_example_sends_its_code_and_gets_each_job_s_return_value_and_files(
+    dashboard: str, tmp_path: Path
+) -> None:
+    app = tmp_path / "jobs_api"
+    shutil.copytree(Path(__file__).parents[1] / "examples" / "jobs_api", app)
+    env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL[1:]}
+    res = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--multirun",
+            "lr=0.1,0.01",
+            f"hydra.launcher.address={dashboard}",
+            "hydra.sweep.dir=multirun/a",
+        ],
+        cwd=app,
+        env={**env, **USER_ENV, "RAY_USAGE_STATS_ENABLED": "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout
+    sweep = app / "multirun" / "a"
+    # model.py travelled with the Ray job: the jobs imported it there.
+    assert "lr=0.01: loss" in res.stdout
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    spec = importlib.util.spec_from_file_location("example_model", app / "model.py")
+    assert spec is not None and spec.loader is not None
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    got = [j["return_value"] for j in summary["jobs"]]
+    assert got == [model.loss_after(5, 0.1), model.loss_after(5, 0.01)]
+    for num, lr in enumerate(["0.1", "0.01"]):
+        assert (sweep / str(num) / "checkpoint.txt").read_text().startswith(f"lr={lr} ")
 
 
 # ---- Hydra's own conformance suites, against the forwarded dashboard.

@@ -104,7 +104,10 @@ class JobSpec:
     already_done: int
 
 
-def main(spec_path: str, returns_path: str) -> None:
+def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None:
+    """`in_ray_job`: submitted through the Jobs API, whose runtime_env (set at
+    submission: the code, this plugin, the user's) every task already has; Ray
+    refuses a ray.init() runtime_env that repeats its fields."""
     import ray
 
     from . import _engine
@@ -129,7 +132,7 @@ def main(spec_path: str, returns_path: str) -> None:
             **spec.init,
             # In a Ray job (ray_jobs), Ray sets RAY_ADDRESS to its own cluster.
             "address": spec.init.get("address") or os.environ.get("RAY_ADDRESS") or "auto",
-            "runtime_env": runtime_env,
+            "runtime_env": None if in_ray_job else runtime_env,
         }
     )
     log.info(f"Connecting to the cluster's Ray with config: {redacted(init)}")
@@ -172,7 +175,7 @@ def main_for_jobs_api(spec_path: str, plan_path: str) -> None:
 
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        main(spec_path, RETURNS)
+        main(spec_path, RETURNS, in_ray_job=True)
     finally:
         write_bundle(plan)
 

@@ -179,9 +179,9 @@ def _run_as_ray_job(
         _stage(launcher, book, current, settings, package, submission_id)
         _check_upload_size(package)
         client = dashboard.client()
-        runtime_env = _runtime_env(settings, package)
+        runtime_env = _runtime_env(settings, package, settings.sync_up.source_dir is not None)
         entrypoint = (
-            f"PYTHONPATH={PLUGIN_DIR}:code:$PYTHONPATH RAY_DEDUP_LOGS=0 python -m "
+            "RAY_DEDUP_LOGS=0 python -m "
             f"hydra_plugins.hydra_ray_launcher._head_driver jobs {JOB_SPEC} {BUNDLE_PLAN}"
         )
         client.submit_job(
@@ -308,33 +308,60 @@ def _shown(path: Path, package: Path) -> str:
     return str(path.relative_to(code)) if path.is_relative_to(code) else path.name
 
 
-def _runtime_env(settings: DictConfig, package: Path) -> dict[str, Any]:
-    """The user's runtime_env with the launcher's working_dir, and time for the
-    stopped driver to pack what finished."""
-    env = dict(plain_dict(settings.runtime_env)) if settings.runtime_env is not None else {}
+def _runtime_env(settings: DictConfig, package: Path, code: bool) -> dict[str, Any]:
+    """The Ray job's runtime_env, which every task of the sweep gets: the user's
+    (hydra.launcher.runtime_env over hydra.launcher.ray.init.runtime_env), the
+    package as working_dir with this plugin and the code on the path, and time
+    for a stopped driver to pack what finished."""
+    env: dict[str, Any] = {}
+    for node in (settings.ray.init.runtime_env, settings.runtime_env):
+        if node is not None:
+            mine = plain_dict(node)
+            env_vars = {**(env.get("env_vars") or {}), **(mine.get("env_vars") or {})}
+            env.update(mine)
+            env["env_vars"] = env_vars
     env["working_dir"] = str(package)
     env_vars = {str(k): str(v) for k, v in (env.get("env_vars") or {}).items()}
+    # Relative: each node's copy of the package is its tasks' working dir (Python
+    # makes the entries absolute at start, before a job changes dir).
+    path = [PLUGIN_DIR, *(["code"] if code else []), env_vars.get("PYTHONPATH", "")]
+    env_vars["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     env_vars.setdefault("RAY_JOB_STOP_WAIT_TIME_S", str(int(settings.stop_wait_s)))
     env["env_vars"] = env_vars
     return env
 
 
+# After the driver's pack line: how long the jobs' last lines (which Ray's log
+# monitor forwards a moment later) may take, before Ray's own shutdown, seconds
+# of it, that the launcher need not wait for.
+_LAST_LINES_S = 2.0
+
+
 def _follow(client: Any, submission_id: str) -> str:
-    """Stream the job's log here until the driver says where its pack is (what
-    follows is Ray's own shutdown, seconds of it) or the job ends; the log."""
+    """Stream the job's log here until it ends, or until the driver said where
+    its pack is and the last lines came; the log."""
     seen: list[str] = []
     pending = ""
 
     async def tail() -> None:
         nonlocal pending
-        async for chunk in client.tail_job_logs(submission_id):
+        chunks = client.tail_job_logs(submission_id).__aiter__()
+        packed = False
+        while True:
+            try:
+                chunk = await asyncio.wait_for(
+                    chunks.__anext__(), timeout=_LAST_LINES_S if packed else None
+                )
+            except (StopAsyncIteration, asyncio.TimeoutError):
+                return
             seen.append(chunk)
             pending += chunk
             *lines, pending = pending.split("\n")
             for line in lines:
                 if line.startswith(BUNDLE_MARK):
-                    return
-                sys.stdout.write(line + "\n")
+                    packed = True
+                else:
+                    sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
     asyncio.run(tail())
