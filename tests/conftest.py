@@ -146,7 +146,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def ray_head(
-    env: dict[str, str], client_port: int | None = None, dashboard_port: int | None = None
+    env: dict[str, str],
+    client_port: int | None = None,
+    dashboard_port: int | None = None,
+    agent_port: int | None = None,
 ) -> Iterator[tuple[str, int]]:
     """A Ray cluster started with `ray start --head` on this machine (in `env`:
     RAY_AUTH_MODE and HOME decide its token), with a Ray Client server on
@@ -155,11 +158,18 @@ def ray_head(
     which would stop every Ray on the machine)."""
     port = free_port()
     client = [f"--ray-client-server-port={client_port}"] if client_port else []
-    dashboard = (
-        ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
-        if dashboard_port
-        else ["--include-dashboard=false"]
-    )
+    dashboard = ["--include-dashboard=false"]
+    if dashboard_port:
+        # The agents' ports too: Ray's defaults are fixed numbers, which the
+        # session's own Ray already holds ("No available agent to submit job").
+        dashboard = [
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}",
+            f"--dashboard-agent-listen-port={agent_port or free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+        ]
     # A short, private temp dir: Ray's socket paths must stay short, and its
     # record of "the latest cluster" must not leak to other tests.
     temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
@@ -193,7 +203,7 @@ def ray_head(
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its processes
         with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(timeout=15)
+            head.wait(timeout=5)  # then SIGKILL: its temp dir is its own
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)  # and whatever did not stop in time
 

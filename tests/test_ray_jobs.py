@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -308,3 +309,23 @@ def test_a_dry_run_plans_the_ray_job_and_sends_nothing(tmp_path: Path) -> None:
     )
     assert res.returncode != 0
     assert "Dry run: 2 problems would stop this sweep" in res.output, res.output
+
+
+def test_a_dashboard_without_a_job_agent_is_named_after_a_short_wait(tmp_path: Path) -> None:
+    # The head's job agent cannot start: its port is taken (as by another Ray).
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL}
+    env.update(HOME=str(home), RAY_AUTH_MODE="disabled")
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = free_port()
+        with ray_head(env, dashboard_port=port, agent_port=taken.getsockname()[1]):
+            started = time.monotonic()
+            res = _sweep(f"http://127.0.0.1:{port}", tmp_path, "x=1")
+            took = time.monotonic() - started
+    assert res.returncode != 0
+    assert "has no job agent to run the sweep" in res.output, res.output
+    assert "Submitted the sweep" not in res.output
+    assert took < 60, f"{took:.0f} s"

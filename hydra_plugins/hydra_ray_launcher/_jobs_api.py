@@ -184,7 +184,8 @@ def _run_as_ray_job(
             "RAY_DEDUP_LOGS=0 python -m "
             f"hydra_plugins.hydra_ray_launcher._head_driver jobs {JOB_SPEC} {BUNDLE_PLAN}"
         )
-        client.submit_job(
+        _submit(
+            client,
             entrypoint=entrypoint,
             submission_id=submission_id,
             runtime_env=runtime_env,
@@ -223,6 +224,32 @@ def _run_as_ray_job(
                 f"{dashboard.address}`)"
             )
         return load_outcomes(str(returns))
+
+
+# A cluster just started (or a KubeRay head just ready) may not have its job
+# agent yet: the dashboard answers 500 "No available agent to submit job".
+_NO_AGENT = "No available agent to submit job"
+_AGENT_WAIT_S = 20.0
+
+
+def _submit(client: Any, **job: Any) -> None:
+    deadline = time.monotonic() + _AGENT_WAIT_S
+    while True:
+        try:
+            client.submit_job(**job)
+            return
+        except RuntimeError as exc:
+            if _NO_AGENT not in str(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise RayJobError(
+                    f"The cluster's dashboard has no job agent to run the sweep (it said "
+                    f"{_NO_AGENT!r} for {_AGENT_WAIT_S:.0f} s): a head's dashboard agent "
+                    "that did not start (see dashboard_agent.log in its Ray log dir; a port "
+                    "taken by another Ray on that machine is a usual cause)"
+                ) from None
+            log.info("The cluster's job agent is not up yet: submitting again in 2 s")
+            time.sleep(2)
 
 
 def _submission_id(config: DictConfig, current: Batch) -> str:
