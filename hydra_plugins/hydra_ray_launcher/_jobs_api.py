@@ -42,7 +42,14 @@ from ._jobs import JobOutcome, capture_sweep_state
 from ._records import RECORD_DIR
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
-from ._validate import ConfigError, plain_dict, refuse, sweep_problems, without_nulls
+from ._validate import (
+    ConfigError,
+    plain_dict,
+    refuse,
+    source_dir_problems,
+    sweep_problems,
+    without_nulls,
+)
 
 if TYPE_CHECKING:
     from .ray_jobs_launcher import RayJobsLauncher
@@ -121,19 +128,13 @@ def jobs_problems(settings: DictConfig) -> list[ConfigError]:
 
 def launch_problems(settings: DictConfig) -> list[ConfigError]:
     """The ray_jobs launcher's own keys that cannot work: the address, sync_up."""
-    problems = []
+    problems: list[ConfigError] = []
     try:
         _dashboard(settings)
     except ConfigError as exc:
         problems.append(exc)
     source_dir = settings.sync_up.source_dir
-    if source_dir is not None and not Path(str(source_dir)).expanduser().is_dir():
-        problems.append(
-            ConfigError(
-                f"hydra.launcher.sync_up.source_dir={source_dir} is not a directory. Give the "
-                "dir of your code (relative to the working dir or absolute), or null."
-            )
-        )
+    problems += source_dir_problems(source_dir)
     if source_dir is not None and shutil.which("rsync") is None:
         problems.append(
             ConfigError("rsync not found on PATH: sync_up filters with it. Install it.")

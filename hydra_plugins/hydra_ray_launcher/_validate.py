@@ -116,6 +116,22 @@ def sweep_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
     return problems
 
 
+def source_dir_problems(source_dir: Any) -> list[ConfigError]:
+    """A `sync_up.source_dir` that is not a directory (null: nothing to send)."""
+    if source_dir is None:
+        return []
+    source = Path(str(source_dir)).expanduser().absolute()
+    if source.is_dir():
+        return []
+    return [
+        ConfigError(
+            f"hydra.launcher.sync_up.source_dir={source_dir}: {source} is not a "
+            "directory. Give a directory relative to the working dir or absolute, or "
+            "null to upload nothing."
+        )
+    ]
+
+
 def refuse(problems: list[ConfigError]) -> None:
     """All the problems in one error, so that one run shows every fix to make."""
     if problems:
@@ -400,17 +416,7 @@ def launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "(restart Ray only / never restart it): set at most one of them"
             )
         )
-    source_dir = launcher_cfg.sync_up.source_dir
-    if source_dir is not None:
-        source = Path(str(source_dir)).expanduser().absolute()
-        if not source.is_dir():
-            problems.append(
-                ConfigError(
-                    f"hydra.launcher.sync_up.source_dir={source_dir}: {source} is not a "
-                    "directory. Give a directory relative to the working dir or absolute, or "
-                    "null to upload nothing."
-                )
-            )
+    problems += source_dir_problems(launcher_cfg.sync_up.source_dir)
     missing = [tool for tool in ("rsync", "ssh") if shutil.which(tool) is None]
     if missing:
         problems.append(
