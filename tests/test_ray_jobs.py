@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -81,60 +81,128 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
     assert "HYDRA_RAY_BUNDLE" not in out
 
 
+class Launching:
+    """A sweep's launching process, started in the background, its output read
+    as it comes."""
+
+    def __init__(self, dashboard: str, cwd: Path, *overrides: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL[1:]}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(APPS / "app.py"),
+                "--multirun",
+                *overrides,
+                "hydra/launcher=ray_jobs",
+                f"hydra.launcher.address={dashboard}",
+                "hydra.sweep.dir=sweep",
+            ],
+            cwd=cwd,
+            env={**env, **USER_ENV, "RAY_USAGE_STATS_ENABLED": "0"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        self.lines.extend(self.proc.stdout)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, done: Callable[[str], bool], timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not done(self.output):
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.output
+            time.sleep(0.2)
+
+    def end(self, sig: int, timeout: float = 120) -> str:
+        """Send `sig`, wait for the end; the whole output."""
+        try:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._reader.join(timeout=10)
+        return self.output
+
+
 def test_ctrl_c_stops_the_ray_job_and_brings_home_what_finished(
     dashboard: str, tmp_path: Path
 ) -> None:
     from ray.job_submission import JobSubmissionClient
 
-    env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL[1:]}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(APPS / "app.py"),
-            "--multirun",
-            "x=1,2,3",
-            "slow_first=[2,3]",
-            "hydra/launcher=ray_jobs",
-            f"hydra.launcher.address={dashboard}",
-            "hydra.sweep.dir=sweep",
-            "hydra.launcher.stop_wait_s=20",
-        ],
-        cwd=tmp_path,
-        env={**env, **USER_ENV, "RAY_USAGE_STATS_ENABLED": "0"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    assert proc.stdout is not None
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 120
-        # Job #0 done, #1 and #2 running (60 s each): Ctrl-C.
-        while not ("succeeded in" in "".join(lines) and "".join(lines).count("started on") == 3):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    reader.join(timeout=10)
-    out = "".join(lines)
-    assert proc.returncode != 0, out
+    # Each job counts its runs here, outside the sweep dir (a rerun is not slow).
+    runs = tmp_path / "runs"
+    sweep_args = ("x=1,2,3", "slow_first=[2,3]", "hydra.launcher.stop_wait_s=20", f"out={runs}")
+    run = Launching(dashboard, tmp_path, *sweep_args)
+    # Job #0 done, #1 and #2 running (60 s each): Ctrl-C.
+    run.wait_for(lambda out: "succeeded in" in out and out.count("started on") == 3)
+    out = run.end(signal.SIGINT)
+    assert run.proc.returncode != 0, out
     assert "Ctrl-C: stopping Ray job hydra-app-" in out, out
     submission = out.split("Ctrl-C: stopping Ray job ", 1)[1].split()[0]
     client = JobSubmissionClient(dashboard)
     assert str(client.get_job_status(submission)) == "STOPPED"
     sweep = tmp_path / "sweep"
     # What finished came home, with its record; the rest is named interrupted.
-    assert (sweep / "0" / "done_0.json").is_file(), out
+    assert (runs / "done_0.json").is_file(), out
+    assert (sweep / "0" / ".hydra" / "config.yaml").is_file(), out
     assert (sweep / ".hydra_ray" / "job_0.pkl").is_file()
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     assert summary["jobs"][0]["status"] == "succeeded"
     assert {j["status"] for j in summary["jobs"][1:]} == {"interrupted"}, summary
+    # A resume runs the rest, not job #0 again.
+    res = _sweep(dashboard, tmp_path, *sweep_args, "hydra.launcher.resume=true")
+    assert res.returncode == 0, res.output
+    assert "Re-attaching" not in res.output  # the stopped job's results are home
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [j["status"] for j in summary["jobs"]] == ["succeeded"] * 3, summary
+    assert [len((runs / f"runs_{n}").read_text().split()) for n in range(3)] == [1, 2, 2]
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["still running", "ended meanwhile"])
+def test_a_resume_after_the_launcher_was_killed_follows_the_ray_job_again(
+    dashboard: str, tmp_path: Path, ended: bool
+) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    # Each job counts its runs here, outside the sweep dir.
+    runs = tmp_path / "runs"
+    sweep_args = ("x=1,2,3,4", "seconds=3", f"out={runs}")
+    run = Launching(dashboard, tmp_path, *sweep_args)
+    run.wait_for(lambda out: "started on" in out)
+    out = run.end(signal.SIGKILL)  # kill -9: no Ctrl-C handler, nothing brought home
+    assert "hydra.launcher.resume=true follows it again" in out, out
+    submission = out.split("Submitted the sweep as Ray job ", 1)[1].split()[0]
+    client = JobSubmissionClient(dashboard)
+    assert str(client.get_job_status(submission)) in ("PENDING", "RUNNING")
+    sweep = tmp_path / "sweep"
+    assert not list(sweep.glob(".hydra_ray/job_*.pkl"))
+    if ended:
+        deadline = time.monotonic() + 120
+        while str(client.get_job_status(submission)) != "SUCCEEDED":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    res = _sweep(dashboard, tmp_path, *sweep_args, "hydra.launcher.resume=true")
+    assert res.returncode == 0, res.output
+    assert f"Re-attaching to Ray job {submission}" in res.output, res.output
+    assert "Submitted the sweep" not in res.output
+    # No job ran twice; every job's result and files came home.
+    assert sorted(p.name for p in runs.glob("runs_*")) == [f"runs_{n}" for n in range(4)]
+    assert [len((runs / f"runs_{n}").read_text().split()) for n in range(4)] == [1] * 4
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [j["return_value"] for j in summary["jobs"]] == [10, 20, 30, 40], summary
+    for num in range(4):
+        assert (sweep / str(num) / ".hydra" / "config.yaml").is_file()
+        assert (sweep / ".hydra_ray" / f"job_{num}.pkl").is_file()
 
 
 @pytest.mark.parametrize(

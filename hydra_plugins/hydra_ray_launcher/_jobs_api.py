@@ -5,6 +5,7 @@ driver the cluster launchers run; the results and outputs come home as one
 file served by the dashboard's log API. Nothing here needs SSH or the GCS port."""
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -17,6 +18,7 @@ import tarfile
 import tempfile
 import time
 import urllib.parse
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,8 +40,8 @@ from ._head_driver import (
     JobSpec,
     load_outcomes,
 )
-from ._jobs import JobOutcome, capture_sweep_state
-from ._records import RECORD_DIR
+from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state
+from ._records import RECORD_DIR, read_record
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
 from ._validate import (
@@ -67,6 +69,18 @@ class RayJobError(RuntimeError):
 
 class OutputsNotHomeError(RuntimeError):
     """The pack with the results and outputs did not come home."""
+
+
+class LostDashboardError(RuntimeError):
+    """The connection to the dashboard broke while the Ray job ran on."""
+
+
+def _lost() -> tuple[type[BaseException], ...]:
+    """What a broken connection to the dashboard raises while a job's log is
+    followed: Ray's client (RuntimeError on an abnormal close), aiohttp, the socket."""
+    import aiohttp
+
+    return (RuntimeError, OSError, asyncio.TimeoutError, aiohttp.ClientError)
 
 
 @dataclass(frozen=True)
@@ -165,8 +179,25 @@ def launch(
     book = launcher.book
     with batch(book, job_overrides, initial_job_idx) as current:
         if current.to_run:
-            current.outcomes = _run_as_ray_job(launcher, book, current, _dashboard(settings))
+            current.outcomes = _run(launcher, book, current, _dashboard(settings))
     return current.returns
+
+
+def _run(
+    launcher: "RayJobsLauncher", book: SweepBook, current: Batch, dashboard: Dashboard
+) -> list[JobOutcome]:
+    """The batch's outcomes: on a resume, first those of a Ray job an earlier run
+    of the sweep submitted and did not bring home (it may still run: the
+    launcher died, or its connection); then a new Ray job for the rest."""
+    got = _reattach(launcher, book, current, dashboard) if book.settings.resume else {}
+    rest = [job for job in current.to_run if job.idx not in got]
+    outcomes = [got[job.idx] for job in current.to_run if job.idx in got]
+    if rest:
+        remaining = dataclasses.replace(
+            current, to_run=rest, already_done=current.already_done + len(outcomes)
+        )
+        outcomes += _run_as_ray_job(launcher, book, remaining, dashboard)
+    return outcomes
 
 
 def _run_as_ray_job(
@@ -185,6 +216,9 @@ def _run_as_ray_job(
             "RAY_DEDUP_LOGS=0 python -m "
             f"hydra_plugins.hydra_ray_launcher._head_driver jobs {JOB_SPEC} {BUNDLE_PLAN}"
         )
+        # Noted before it exists: a launcher killed right after the submission
+        # leaves a Ray job that a resume must find.
+        _note_submission(book, submission_id, [job.idx for job in current.to_run], home=False)
         _submit(
             client,
             entrypoint=entrypoint,
@@ -203,19 +237,11 @@ def _run_as_ray_job(
         )
         log.info(
             f"Submitted the sweep as Ray job {submission_id} to {dashboard.address}; "
-            f"follow it with `ray job logs -f {submission_id} --address {dashboard.address}`"
+            f"follow it with `ray job logs -f {submission_id} --address {dashboard.address}`. "
+            "If this process ends or loses the dashboard, the sweep goes on on the cluster: "
+            f"{_resume_hint(book)} follows it again and brings its results home"
         )
-        try:
-            logs = _follow(client, submission_id)
-        except KeyboardInterrupt:
-            log.warning(f"Ctrl-C: stopping Ray job {submission_id} (its jobs are cancelled)")
-            client.stop_job(submission_id)
-            _wait_end(client, submission_id, float(settings.stop_wait_s) + 30)
-            _bring_home(dashboard, client.get_job_logs(submission_id), settings, book, Path(tmp))
-            raise
-        if _bundle_location(logs) is None:  # the job ended without one: its last words
-            logs = client.get_job_logs(submission_id)
-        returns = _bring_home(dashboard, logs, settings, book, Path(tmp))
+        returns = _follow_home(client, dashboard, submission_id, settings, book, Path(tmp))
         if returns is None:
             status = _wait_end(client, submission_id, 60)
             info = client.get_job_info(submission_id)
@@ -225,6 +251,120 @@ def _run_as_ray_job(
                 f"{dashboard.address}`)"
             )
         return load_outcomes(str(returns))
+
+
+def _follow_home(
+    client: Any,
+    dashboard: Dashboard,
+    submission_id: str,
+    settings: DictConfig,
+    book: SweepBook,
+    tmp: Path,
+) -> Path | None:
+    """Follow the Ray job to its end, then bring its pack home (also after
+    Ctrl-C, which stops the Ray job first); the returns' path, None if the
+    driver wrote none. Raises OutputsNotHomeError, LostDashboardError."""
+    try:
+        logs = _follow(client, submission_id)
+    except KeyboardInterrupt:
+        log.warning(f"Ctrl-C: stopping Ray job {submission_id} (its jobs are cancelled)")
+        client.stop_job(submission_id)
+        _wait_end(client, submission_id, float(settings.stop_wait_s) + 30)
+        _bring_home(dashboard, client.get_job_logs(submission_id), settings, book, tmp)
+        _note_home(book, submission_id)
+        raise
+    except _lost() as exc:
+        raise LostDashboardError(
+            f"Lost the dashboard at {dashboard.address} while following Ray job "
+            f"{submission_id} ({exc}): the sweep goes on on the cluster. When the dashboard "
+            f"is reachable again, {_resume_hint(book)} follows it again and brings its "
+            "results home"
+        ) from exc
+    if _bundle_location(logs) is None:  # the job ended without one: its last words
+        logs = client.get_job_logs(submission_id)
+    returns = _bring_home(dashboard, logs, settings, book, tmp)
+    _note_home(book, submission_id)
+    return returns
+
+
+def _resume_hint(book: SweepBook) -> str:
+    return (
+        f"the same command with hydra.sweep.dir={book.sweep_dir.resolve()} "
+        "hydra.launcher.resume=true"
+    )
+
+
+# In the sweep's record dir: each Ray job this sweep submitted, {submission id:
+# {"jobs": [idx, ...], "home": bool}}, so that a resume finds one whose results
+# did not come home (the launcher was killed, the port-forward closed).
+SUBMISSIONS = "ray_jobs.json"
+
+
+def _submissions(book: SweepBook) -> dict[str, dict[str, Any]]:
+    path = book.sweep_dir / RECORD_DIR / SUBMISSIONS
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:  # cut by a kill mid-write: what it held is lost
+        log.warning(f"Cannot read {path} ({exc}): no earlier Ray job is followed again")
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _note_submission(book: SweepBook, submission_id: str, jobs: list[int], *, home: bool) -> None:
+    noted = _submissions(book)
+    noted[submission_id] = {"jobs": jobs, "home": home}
+    path = book.sweep_dir / RECORD_DIR / SUBMISSIONS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps(noted, indent=1))
+    os.replace(part, path)
+
+
+def _note_home(book: SweepBook, submission_id: str) -> None:
+    noted = _submissions(book).get(submission_id)
+    jobs = [int(i) for i in noted["jobs"]] if noted else []
+    _note_submission(book, submission_id, jobs, home=True)
+
+
+def _reattach(
+    launcher: "RayJobsLauncher", book: SweepBook, current: Batch, dashboard: Dashboard
+) -> dict[int, JobOutcome]:
+    """The outcomes, by job, of the earlier run's Ray jobs for this batch whose
+    results did not come home: each is followed to its end (it may still run)
+    and its pack brought home. A job it did not finish is not among them."""
+    assert launcher.config is not None
+    settings = launcher.config.hydra.launcher
+    wanted = {job.idx for job in current.to_run}
+    got: dict[int, JobOutcome] = {}
+    for submission_id, noted in _submissions(book).items():
+        jobs = {int(i) for i in noted.get("jobs", [])}
+        if noted.get("home") or not jobs & wanted:
+            continue
+        client = dashboard.client()
+        try:
+            status = str(client.get_job_info(submission_id).status)
+        except RuntimeError as exc:
+            log.warning(
+                f"Ray job {submission_id}, submitted by an earlier run of this sweep, is not "
+                f"on the cluster at {dashboard.address} ({exc}): its jobs run again"
+            )
+            continue
+        log.info(
+            f"Re-attaching to Ray job {submission_id} ({status}), submitted by an earlier "
+            f"run of this sweep for jobs {', '.join(f'#{i}' for i in sorted(jobs))}: its log "
+            "from the start follows, then its results come home"
+        )
+        with tempfile.TemporaryDirectory(prefix="hydra-ray-jobs-") as tmp:
+            returns = _follow_home(client, dashboard, submission_id, settings, book, Path(tmp))
+            if returns is not None:
+                outcomes = load_outcomes(str(returns))
+            else:  # stopped or failed: what finished has its record
+                found = (read_record(book.sweep_dir, idx) for idx in sorted(jobs))
+                outcomes = [o for o in found if o is not None]
+        got.update((o.idx, o) for o in outcomes if o.idx in wanted and o.status != INTERRUPTED)
+    return got
 
 
 # A cluster just started (or a KubeRay head just ready) may not have its job
@@ -392,7 +532,11 @@ def _follow(client: Any, submission_id: str) -> str:
                     sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
-    asyncio.run(tail())
+    with warnings.catch_warnings():
+        # Ray's client passes aiohttp ssl=None for a verified connection, which
+        # aiohttp 3.10+ warns of at every follow: not the user's to fix.
+        warnings.filterwarnings("ignore", "ssl=None is deprecated", DeprecationWarning)
+        asyncio.run(tail())
     if pending and not pending.startswith(BUNDLE_MARK):
         sys.stdout.write(pending + "\n")
     return "".join(seen)
