@@ -28,7 +28,7 @@ def test_env_var_values_passwords_tokens_and_url_credentials_are_hidden() -> Non
             "pip": ["--index-url=https://me:tok@pypi.example/simple", "numpy"],
             "working_dir": ".",
         },
-        "headers": {"Authorization-Token": "t", "Accept": "json"},
+        "headers": {"Authorization-Token": "t", "Accept": "json", "Authorization": "Bearer t"},
     }
     assert redacted(init) == {
         "address": "auto",
@@ -39,10 +39,13 @@ def test_env_var_values_passwords_tokens_and_url_credentials_are_hidden() -> Non
             "pip": [f"--index-url=https://{HIDDEN}@pypi.example/simple", "numpy"],
             "working_dir": ".",
         },
-        "headers": {"Authorization-Token": HIDDEN, "Accept": "json"},
+        "headers": {"Authorization-Token": HIDDEN, "Accept": "json", "Authorization": HIDDEN},
     }
     assert redacted_override("++hydra.launcher.ray.init.runtime_env.env_vars.K=v") == (
         f"++hydra.launcher.ray.init.runtime_env.env_vars.K={HIDDEN}"
+    )
+    assert redacted_override("+hydra.launcher.headers.Authorization=Bearer t") == (
+        f"+hydra.launcher.headers.Authorization={HIDDEN}"
     )
     # A copy: what Ray gets keeps the real values.
     assert init["runtime_env"]["env_vars"]["PLAIN"] == "v"  # type: ignore[index]

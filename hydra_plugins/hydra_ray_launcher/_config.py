@@ -402,6 +402,12 @@ class JobsSyncDownConf:
     target_dir: str | None = None
     include: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
+    # Where the cluster puts the pack for this machine to fetch, instead of the
+    # dashboard: a URI both sides reach, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or
+    # file:///SHARED/VOLUME (pyarrow.fs on both; its query options pass through, e.g.
+    # ?endpoint_override=HOST:PORT&scheme=http&region=...). Removed there once home.
+    # null: through the dashboard.
+    storage: str | None = None
 
 
 @dataclass

@@ -219,14 +219,29 @@ def write_bundle(plan: dict[str, Any]) -> None:
     with open(final, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
-    where = {
-        "node_id": ray.get_runtime_context().get_node_id(),
-        "file": final.name,
-        "size": final.stat().st_size,
-        "sha256": digest.hexdigest(),
-    }
     size = final.stat().st_size
+    where: dict[str, Any] = {"size": size, "sha256": digest.hexdigest()}
     log.info(f"Packed the results and outputs to bring home: {size / 2**20:.1f} MiB")
+    storage = plan.get("storage")
+    if storage:
+        from . import _storage
+
+        try:
+            stored = _storage.put(storage, final, final.name)
+        except Exception as exc:  # pyarrow missing here, credentials, the network
+            log.warning(
+                f"The pack could not be put in sync_down.storage={storage} ({exc}): it comes "
+                "home through the dashboard instead"
+            )
+        else:
+            log.info(f"Put the pack in {storage} as {stored}")
+            final.unlink()  # the sweep dir here still holds everything it packed
+            print(
+                BUNDLE_MARK + json.dumps({**where, "storage": storage, "key": final.name}),
+                flush=True,
+            )
+            return
+    where.update(node_id=ray.get_runtime_context().get_node_id(), file=final.name)
     print(BUNDLE_MARK + json.dumps(where), flush=True)
 
 

@@ -29,6 +29,7 @@ import cloudpickle
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 from omegaconf import DictConfig
 
+from ._errors import DriverError, LostDashboardError, OutputsNotHomeError
 from ._head_driver import (
     BUNDLE_MARK,
     BUNDLE_OUTPUTS,
@@ -42,6 +43,7 @@ from ._head_driver import (
 )
 from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state
 from ._records import RECORD_DIR, read_record
+from ._storage import storage_problems
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
 from ._validate import (
@@ -63,18 +65,6 @@ UPLOAD_LIMIT = 100 * 2**20
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
-class RayJobError(RuntimeError):
-    """The Ray job of the sweep ended without the jobs' results."""
-
-
-class OutputsNotHomeError(RuntimeError):
-    """The pack with the results and outputs did not come home."""
-
-
-class LostDashboardError(RuntimeError):
-    """The connection to the dashboard broke while the Ray job ran on."""
-
-
 def _lost() -> tuple[type[BaseException], ...]:
     """What a broken connection to the dashboard raises while a job's log is
     followed: Ray's client (RuntimeError on an abnormal close), aiohttp, the socket."""
@@ -85,16 +75,80 @@ def _lost() -> tuple[type[BaseException], ...]:
 
 @dataclass(frozen=True)
 class Dashboard:
-    """Where and how to reach the cluster's dashboard."""
+    """Where and how to reach the cluster's dashboard; `token_from` says where
+    the token sent with every request came from (None: none sent)."""
 
     address: str
     headers: dict[str, str]
     verify: bool | str
+    token_from: str | None = None
 
     def client(self) -> Any:
+        """Ray's client, its first request made: a dashboard that cannot be
+        reached, or that refuses the token, is named here, before any upload.
+        Raises ConfigError."""
+        from ray.exceptions import AuthenticationError
         from ray.job_submission import JobSubmissionClient
 
-        return JobSubmissionClient(self.address, headers=self.headers, verify=self.verify)
+        try:
+            return JobSubmissionClient(self.address, headers=self.headers, verify=self.verify)
+        except AuthenticationError as exc:
+            raise ConfigError(self._refused(str(exc))) from None
+        except ConnectionError:
+            raise ConfigError(
+                f"Cannot reach the dashboard at {self.address} (hydra.launcher.address): is "
+                "the cluster up, and the port-forward (`kubectl port-forward "
+                "svc/<cluster>-head-svc 8265:8265`) running?"
+            ) from None
+
+    def _refused(self, said: str) -> str:
+        fix = (
+            "Set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on its head; "
+            "on KubeRay, the RayCluster's auth secret), or write it to ~/.ray/auth_token, or "
+            "give +hydra.launcher.headers.Authorization='Bearer <token>'"
+        )
+        if self.token_from is None:
+            return (
+                f"The dashboard at {self.address} requires a token (Ray's token "
+                f"authentication) and none was found to send. {fix}"
+            )
+        reason = "refused" if "403" in said or "Invalid" in said else f"did not take ({said})"
+        return (
+            f"The dashboard at {self.address} {reason} the token from {self.token_from}: it is "
+            f"not this cluster's. {fix}"
+        )
+
+
+# Whose value is the user's own token: sent as it is, no other is added.
+_AUTH_HEADERS = ("authorization", "x-ray-authorization")
+
+
+def _with_token(headers: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """`headers` with the bearer token Ray's own clients would send, found as
+    they find it (RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names,
+    ~/.ray/auth_token), whatever RAY_AUTH_MODE says: a header of the user's
+    wins. Sent to a cluster without token authentication, it is ignored there.
+    Raises ConfigError."""
+    if any(k.lower() in _AUTH_HEADERS for k in headers):
+        return headers, "hydra.launcher.headers"
+    token, source = os.environ.get("RAY_AUTH_TOKEN", "").strip(), "RAY_AUTH_TOKEN"
+    if not token:
+        named = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        path = Path(named).expanduser() if named else Path.home() / ".ray" / "auth_token"
+        source = f"RAY_AUTH_TOKEN_PATH={named}" if named else str(path)
+        try:
+            token = path.read_text().strip()
+        except FileNotFoundError:
+            if named:
+                raise ConfigError(
+                    f"RAY_AUTH_TOKEN_PATH={named}: no such file. Point it at the file that "
+                    "holds the cluster's token, or unset it"
+                ) from None
+        except OSError as exc:
+            raise ConfigError(f"Cannot read the token file {path} ({exc})") from None
+    if not token:
+        return headers, None
+    return {**headers, "Authorization": f"Bearer {token}"}, source
 
 
 def dashboard_address(settings: DictConfig) -> str:
@@ -130,9 +184,8 @@ def _dashboard(settings: DictConfig) -> Dashboard:
         raise ConfigError(
             f"hydra.launcher.verify={verify} is not valid: true, false, or a CA bundle's path"
         )
-    return Dashboard(
-        dashboard_address(settings), {str(k): str(v) for k, v in headers.items()}, verify
-    )
+    sent, token_from = _with_token({str(k): str(v) for k, v in headers.items()})
+    return Dashboard(dashboard_address(settings), sent, verify, token_from)
 
 
 def jobs_problems(settings: DictConfig) -> list[ConfigError]:
@@ -149,6 +202,7 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
         problems.append(exc)
     source_dir = settings.sync_up.source_dir
     problems += source_dir_problems(source_dir)
+    problems += storage_problems(settings.sync_down.storage)
     if source_dir is not None and shutil.which("rsync") is None:
         problems.append(
             ConfigError("rsync not found on PATH: sync_up filters with it. Install it.")
@@ -173,6 +227,7 @@ def launch(
     if launcher.book is None:
         # Everything that can be refused is refused here, before any upload.
         refuse(jobs_problems(settings))
+        _check_reachable(settings)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         launcher.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
@@ -183,25 +238,40 @@ def launch(
     return current.returns
 
 
+def _check_reachable(settings: DictConfig) -> None:
+    """Before the sweep dir is touched: a dashboard out of reach, a token it
+    refuses, a sync_down.storage this machine cannot read. Raises ConfigError."""
+    if settings.sync_down.storage is not None:
+        from ._storage import check_reachable
+
+        check_reachable(str(settings.sync_down.storage))
+    _dashboard(settings).client()
+
+
 def _run(
     launcher: "RayJobsLauncher", book: SweepBook, current: Batch, dashboard: Dashboard
 ) -> list[JobOutcome]:
     """The batch's outcomes: on a resume, first those of a Ray job an earlier run
     of the sweep submitted and did not bring home (it may still run: the
     launcher died, or its connection); then a new Ray job for the rest."""
-    got = _reattach(launcher, book, current, dashboard) if book.settings.resume else {}
+    client = dashboard.client()
+    got = _reattach(launcher, book, current, dashboard, client) if book.settings.resume else {}
     rest = [job for job in current.to_run if job.idx not in got]
     outcomes = [got[job.idx] for job in current.to_run if job.idx in got]
     if rest:
         remaining = dataclasses.replace(
             current, to_run=rest, already_done=current.already_done + len(outcomes)
         )
-        outcomes += _run_as_ray_job(launcher, book, remaining, dashboard)
+        outcomes += _run_as_ray_job(launcher, book, remaining, dashboard, client)
     return outcomes
 
 
 def _run_as_ray_job(
-    launcher: "RayJobsLauncher", book: SweepBook, current: Batch, dashboard: Dashboard
+    launcher: "RayJobsLauncher",
+    book: SweepBook,
+    current: Batch,
+    dashboard: Dashboard,
+    client: Any,
 ) -> list[JobOutcome]:
     assert launcher.config is not None
     settings = launcher.config.hydra.launcher
@@ -210,7 +280,6 @@ def _run_as_ray_job(
         package = Path(tmp) / "package"
         _stage(launcher, book, current, settings, package, submission_id)
         _check_upload_size(package)
-        client = dashboard.client()
         runtime_env = _runtime_env(settings, package, settings.sync_up.source_dir is not None)
         entrypoint = (
             "RAY_DEDUP_LOGS=0 python -m "
@@ -243,14 +312,29 @@ def _run_as_ray_job(
         )
         returns = _follow_home(client, dashboard, submission_id, settings, book, Path(tmp))
         if returns is None:
-            status = _wait_end(client, submission_id, 60)
-            info = client.get_job_info(submission_id)
-            raise RayJobError(
-                f"Ray job {submission_id} ended {status} without the jobs' results: "
-                f"{info.message or ''} (its log: `ray job logs {submission_id} --address "
-                f"{dashboard.address}`)"
-            )
+            raise _no_results(client, dashboard, submission_id, "")
         return load_outcomes(str(returns))
+
+
+def _no_results(client: Any, dashboard: Dashboard, submission_id: str, logs: str) -> DriverError:
+    """Why the Ray job ended without the jobs' results, from its status, its
+    message and its log (a module the cluster's Python lacks is named)."""
+    status = _wait_end(client, submission_id, 60)
+    message = str(client.get_job_info(submission_id).message or "").strip()
+    missing = re.findall(r"ModuleNotFoundError: No module named '([^']+)'", logs or message)
+    hint = (
+        f" The cluster's Python has no module {missing[-1]!r}. Your own code travels with "
+        "hydra.launcher.sync_up.source_dir; packages (the driver needs hydra-core, omegaconf "
+        "and cloudpickle, the jobs what the app imports) go in the cluster's image or in "
+        "hydra.launcher.runtime_env.pip."
+        if missing
+        else ""
+    )
+    said = f" ({message[:300]})" if message else ""
+    return DriverError(
+        f"Ray job {submission_id} ended {status} without the jobs' results{said}.{hint} "
+        f"Its log: `ray job logs {submission_id} --address {dashboard.address}`"
+    )
 
 
 def _follow_home(
@@ -263,7 +347,8 @@ def _follow_home(
 ) -> Path | None:
     """Follow the Ray job to its end, then bring its pack home (also after
     Ctrl-C, which stops the Ray job first); the returns' path, None if the
-    driver wrote none. Raises OutputsNotHomeError, LostDashboardError."""
+    driver wrote none. Raises DriverError (no pack), OutputsNotHomeError,
+    LostDashboardError."""
     try:
         logs = _follow(client, submission_id)
     except KeyboardInterrupt:
@@ -282,6 +367,9 @@ def _follow_home(
         ) from exc
     if _bundle_location(logs) is None:  # the job ended without one: its last words
         logs = client.get_job_logs(submission_id)
+    if _bundle_location(logs) is None:  # its driver ended before packing anything
+        _note_home(book, submission_id)  # nothing to fetch: a resume runs its jobs anew
+        raise _no_results(client, dashboard, submission_id, logs)
     returns = _bring_home(dashboard, logs, settings, book, tmp)
     _note_home(book, submission_id)
     return returns
@@ -329,7 +417,11 @@ def _note_home(book: SweepBook, submission_id: str) -> None:
 
 
 def _reattach(
-    launcher: "RayJobsLauncher", book: SweepBook, current: Batch, dashboard: Dashboard
+    launcher: "RayJobsLauncher",
+    book: SweepBook,
+    current: Batch,
+    dashboard: Dashboard,
+    client: Any,
 ) -> dict[int, JobOutcome]:
     """The outcomes, by job, of the earlier run's Ray jobs for this batch whose
     results did not come home: each is followed to its end (it may still run)
@@ -342,7 +434,6 @@ def _reattach(
         jobs = {int(i) for i in noted.get("jobs", [])}
         if noted.get("home") or not jobs & wanted:
             continue
-        client = dashboard.client()
         try:
             status = str(client.get_job_info(submission_id).status)
         except RuntimeError as exc:
@@ -383,7 +474,7 @@ def _submit(client: Any, **job: Any) -> None:
             if _NO_AGENT not in str(exc):
                 raise
             if time.monotonic() > deadline:
-                raise RayJobError(
+                raise DriverError(
                     f"The cluster's dashboard has no job agent to run the sweep (it said "
                     f"{_NO_AGENT!r} for {_AGENT_WAIT_S:.0f} s): a head's dashboard agent "
                     "that did not start (see dashboard_agent.log in its Ray log dir; a port "
@@ -452,6 +543,7 @@ def _stage(
         "sweep_dir": str(book.sweep_dir),
         "include": list(down.include),
         "exclude": list(down.exclude),
+        "storage": down.storage,
     }
     (package / BUNDLE_PLAN).write_text(json.dumps(plan))
 
@@ -562,9 +654,9 @@ def _bundle_location(logs: str) -> dict[str, Any] | None:
 def _bring_home(
     dashboard: Dashboard, logs: str, settings: DictConfig, book: SweepBook, tmp: Path
 ) -> Path | None:
-    """Fetch the pack through the dashboard, check it, unpack the records, the
-    outputs and the returns here; the returns' path (None if the driver did not
-    write them). Raises OutputsNotHomeError."""
+    """Fetch the pack (through the dashboard, or from sync_down.storage), check
+    it, unpack the records, the outputs and the returns here; the returns' path
+    (None if the driver did not write them). Raises OutputsNotHomeError."""
     where = _bundle_location(logs)
     if where is None:
         raise OutputsNotHomeError(
@@ -572,12 +664,21 @@ def _bring_home(
             "packing them): the jobs' outputs, if any, are on the cluster only"
         )
     local = tmp / "bundle.tar"
+    stored = where.get("storage")
     try:
-        _download(dashboard, where, local)
+        if stored:
+            _fetch_stored(where, local)
+        else:
+            _download(dashboard, where, local)
     except (OSError, ValueError) as exc:
+        there = (
+            f"in {stored} as {where['key']}"
+            if stored
+            else f"on the cluster's head, in its Ray log dir as {where['file']} "
+            f"(node {where['node_id']})"
+        )
         raise OutputsNotHomeError(
-            f"The results did not come home ({exc}): they stay on the cluster's head, in "
-            f"its Ray log dir as {where['file']} (node {where['node_id']})"
+            f"The results did not come home ({exc}): they stay {there}"
         ) from exc
     unpacked = tmp / "unpacked"
     with tarfile.open(local) as tar:
@@ -592,22 +693,50 @@ def _bring_home(
     if (unpacked / BUNDLE_OUTPUTS).is_dir():
         shutil.copytree(unpacked / BUNDLE_OUTPUTS, target_dir, dirs_exist_ok=True)
         log.info(f"Brought home the outputs ({where['size'] / 2**20:.1f} MiB pack) to {target_dir}")
+    if stored:
+        _remove_stored(where)
     returns = unpacked / RETURNS
     return returns if returns.is_file() else None
+
+
+def _fetch_stored(where: Mapping[str, Any], local: Path) -> None:
+    """The pack, from sync_down.storage, checked (size, sha256)."""
+    from . import _storage
+
+    _storage.fetch(where["storage"], where["key"], local)
+    _check_pack(local, where)
+
+
+def _remove_stored(where: Mapping[str, Any]) -> None:
+    """The storage's copy, once everything it held is home."""
+    from . import _storage
+
+    try:
+        _storage.remove(where["storage"], where["key"])
+    except OSError as exc:
+        log.warning(f"Could not remove {where['key']} from {where['storage']} ({exc})")
+
+
+def _check_pack(local: Path, where: Mapping[str, Any]) -> None:
+    digest, size = hashlib.sha256(), 0
+    with open(local, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    if size != where["size"] or digest.hexdigest() != where["sha256"]:
+        raise ValueError(
+            f"the pack arrived damaged ({size} bytes of {where['size']}, or another sha256)"
+        )
 
 
 def _download(dashboard: Dashboard, where: Mapping[str, Any], local: Path) -> None:
     """The pack, from the dashboard's log API, checked (size, sha256)."""
     import requests
-    from ray._private.authentication.http_token_authentication import (
-        get_auth_headers_if_auth_enabled,
-    )
 
     query = urllib.parse.urlencode(
         {"node_id": where["node_id"], "filename": where["file"], "lines": -1, "timeout": 600}
     )
-    headers = get_auth_headers_if_auth_enabled(dict(dashboard.headers))
-    digest, size = hashlib.sha256(), 0
+    headers = dict(dashboard.headers)  # the user's, and the token if any
     url = f"{dashboard.address}/api/v0/logs/file?{query}"
     with requests.get(url, stream=True, headers=headers, verify=dashboard.verify, timeout=60) as r:
         if r.status_code != 200:
@@ -615,9 +744,4 @@ def _download(dashboard: Dashboard, where: Mapping[str, Any], local: Path) -> No
         with open(local, "wb") as out:
             for chunk in r.iter_content(chunk_size=1 << 20):
                 out.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-    if size != where["size"] or digest.hexdigest() != where["sha256"]:
-        raise ValueError(
-            f"the pack arrived damaged ({size} bytes of {where['size']}, or another sha256)"
-        )
+    _check_pack(local, where)

@@ -519,6 +519,11 @@ def dry_run_jobs(
             if down.include or down.exclude
             else ""
         )
+        + (
+            f", as one pack through {down.storage}"
+            if down.storage
+            else ", as one pack through the dashboard's log API"
+        )
     )
     plan.add("Where the jobs run", lines)
     plan.finish()

@@ -15,9 +15,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 HIDDEN = "***"
 
 # Names of keys whose value is a secret, wherever they sit (`_redis_password`,
-# `auth_token`, `aws_secret_access_key`, ...).
+# `auth_token`, `aws_secret_access_key`, an `Authorization` header, ...).
 _SECRET_KEY = re.compile(
-    r"password|passwd|passphrase|token|secret|credential|api_?key|access_?key", re.I
+    r"password|passwd|passphrase|token|secret|credential|api_?key|access_?key|"
+    r"authorization|cookie",
+    re.I,
 )
 # Keys whose every value is a secret: the environment given to the jobs.
 _ALL_SECRET = frozenset({"env_vars"})

@@ -26,6 +26,7 @@ from ._cluster import (
     RemoteTmp,
     remote_temp_dir,
 )
+from ._errors import DriverError, OutputsNotHomeError
 from ._head_driver import (
     GATHER_REPORT,
     JOB_SPEC,
@@ -56,14 +57,6 @@ log = logging.getLogger(__name__)
 
 _REPORT_MARK = "HYDRA_RAY_GATHER_REPORT="
 _FOUND = "HYDRA_RAY_FOUND"
-
-
-class RemoteDriverError(RuntimeError):
-    """The driver on the cluster's head ended without returning the jobs' results."""
-
-
-class OutputsNotHomeError(RuntimeError):
-    """Outputs of the sweep did not come home: the cluster is kept with them."""
 
 
 def launch(
@@ -209,7 +202,7 @@ def _run_head_driver(cluster: Cluster, remote_tmp: str, code_dir: str | None) ->
     try:
         cluster.run(cmd)
     except ClusterCommandError as exc:
-        raise RemoteDriverError(
+        raise DriverError(
             f"The driver on the cluster's head failed ({exc}); its output is above. "
             "Outputs of the jobs that finished were synced down."
         ) from exc

@@ -268,7 +268,6 @@ def test_bad_config_refused_before_any_cloud_call(
     assert res.returncode != 0, out[-5000:]
     # A compact error: the message naming the key, no traceback of the plugin.
     assert named_key in out and "Traceback" not in out, out[-5000:]
-    assert seconds < 60, f"refusal took {seconds:.1f} s"
     for step in CLOUD_STEPS:
         assert step not in out, f"{step!r} in output:\n{out[-5000:]}"
     assert not list((tmp_path / "sweep").glob("*/done_*.json"))

@@ -1,0 +1,98 @@
+"""`sync_down.storage` of the `ray_jobs` launcher: the pack of results and
+outputs goes through a storage both sides reach (S3, GCS, a shared volume)
+instead of the dashboard. pyarrow.fs does the I/O, as for Ray Train's
+storage_path; it is imported only when a storage is given."""
+
+from pathlib import Path
+from typing import Any
+
+from ._validate import ConfigError
+
+KEY = "hydra.launcher.sync_down.storage"
+_CHUNK = 1 << 22
+
+
+def _filesystem(uri: str) -> tuple[Any, str]:
+    """pyarrow's filesystem for `uri` and the path in it. Raises ImportError,
+    and pyarrow's errors for a URI it cannot take."""
+    from pyarrow import fs
+
+    filesystem, path = fs.FileSystem.from_uri(uri)
+    return filesystem, path.rstrip("/")
+
+
+def storage_problems(uri: str | None) -> list[ConfigError]:
+    """What makes `uri` unusable, found without a request to the storage."""
+    if uri is None:
+        return []
+    try:
+        _filesystem(uri)
+    except ImportError:
+        return [
+            ConfigError(
+                f"{KEY}={uri} needs pyarrow (here and on the cluster): "
+                "pip install 'hydra-ray-launcher[storage]', or pip install pyarrow"
+            )
+        ]
+    except (ValueError, OSError) as exc:  # pyarrow: ArrowInvalid is a ValueError
+        return [
+            ConfigError(
+                f"{KEY}={uri} is not a storage pyarrow can open ({exc}): give "
+                "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or file:///ABSOLUTE/DIR"
+            )
+        ]
+    return []
+
+
+def check_reachable(uri: str) -> None:
+    """A storage this machine cannot reach is refused before the sweep is
+    submitted (no such bucket or dir, wrong credentials). Raises ConfigError."""
+    from pyarrow.fs import FileType
+
+    filesystem, path = _filesystem(uri)
+    local = filesystem.type_name == "local"
+    # A bucket must exist; a prefix in it need not (the cluster's first write makes it).
+    where = path if local else path.split("/")[0]
+    try:
+        found = filesystem.get_file_info(where).type
+    except OSError as exc:
+        raise ConfigError(
+            f"{KEY}={uri} cannot be read from here ({exc}): check the credentials pyarrow "
+            "finds (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, "
+            "...) and the endpoint"
+        ) from None
+    if found != FileType.Directory:
+        what = (
+            f"{where} is no dir here: the shared volume must be mounted at the same path "
+            "here and on the cluster's nodes"
+            if local
+            else f"no bucket {where!r} is there"
+        )
+        raise ConfigError(f"{KEY}={uri}: {what}")
+
+
+def put(uri: str, local: Path, name: str) -> str:
+    """Copy `local` to `name` under `uri`, checked by its size; its path there."""
+    filesystem, base = _filesystem(uri)
+    if filesystem.type_name == "local":
+        filesystem.create_dir(base, recursive=True)
+    target = f"{base}/{name}"
+    with open(local, "rb") as src, filesystem.open_output_stream(target) as out:
+        for chunk in iter(lambda: src.read(_CHUNK), b""):
+            out.write(chunk)
+    stored = filesystem.get_file_info(target).size
+    if stored != local.stat().st_size:
+        raise OSError(f"{target} holds {stored} bytes of {local.stat().st_size}")
+    return target
+
+
+def fetch(uri: str, name: str, local: Path) -> None:
+    filesystem, base = _filesystem(uri)
+    with filesystem.open_input_stream(f"{base}/{name}") as src, open(local, "wb") as out:
+        while chunk := src.read(_CHUNK):
+            out.write(chunk)
+
+
+def remove(uri: str, name: str) -> None:
+    filesystem, base = _filesystem(uri)
+    filesystem.delete_file(f"{base}/{name}")
