@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -86,6 +87,26 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
     records = sorted(p.name for p in (sweep / ".hydra_ray").glob("job_*.pkl"))
     assert records == ["job_0.pkl", "job_1.pkl", "job_2.pkl"]
     assert "HYDRA_RAY_BUNDLE" not in out
+    # Once all is home, the cluster's copies go: the sweep dir the jobs filled
+    # in the Ray job's working dir, and the pack (this head's files are visible here).
+    _the_cluster_keeps_nothing(dashboard, out)
+
+
+def _the_cluster_keeps_nothing(dashboard: str, out: str) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    found = re.search(r"removing the sweep's copy on the cluster \(Ray job (\S+),.*\): (.+)", out)
+    assert found, out
+    cleanup_id, paths = found.group(1), found.group(2).split(", ")
+    client = JobSubmissionClient(dashboard)
+    deadline = time.monotonic() + 120
+    while str(client.get_job_status(cleanup_id)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        assert time.monotonic() < deadline, client.get_job_logs(cleanup_id)
+        time.sleep(0.5)
+    assert str(client.get_job_status(cleanup_id)) == "SUCCEEDED", client.get_job_logs(cleanup_id)
+    assert any(p.endswith(".tar") for p in paths) and any(p.endswith("/sweep") for p in paths)
+    for path in paths:
+        assert not os.path.lexists(path), path
 
 
 class Launching:
@@ -251,9 +272,13 @@ def test_a_package_over_ray_s_upload_limit_is_refused_before_the_upload(
         "x=1",
         f"hydra.launcher.sync_up.source_dir={code}",
         "hydra.launcher.sync_up.exclude=[data]",
+        "hydra.launcher.sync_down.exclude=[*.log]",
     )
     assert res.returncode == 0, res.output
     assert (tmp_path / "sweep" / "0" / "done_0.json").is_file()
+    # What sync_down left out is not here: the cluster keeps its copy of the sweep.
+    assert not (tmp_path / "sweep" / "0" / "app.log").exists()
+    assert "holds what sync_down's include/exclude left out" in res.output, res.output
 
 
 def test_a_cluster_with_token_auth_takes_the_user_s_token_and_refuses_a_wrong_one(

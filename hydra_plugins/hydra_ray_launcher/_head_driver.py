@@ -69,9 +69,10 @@ _STARTS_FILE = "job_starts.jsonl"
 
 
 # The Jobs API launcher's files: in the Ray job's working dir, what to pack
-# ({"name": file name in the log dir, "sweep_dir", "include", "exclude"}); in the
-# job's log, the line that says where the pack is (then a JSON object: node_id,
-# file, size, sha256).
+# ({"name": file name in the log dir, "sweep_dir", "include", "exclude", "storage"});
+# in the job's log, the line that says where the pack is (then a JSON object: size,
+# sha256, node_ip, cluster_sweep, and node_id, file, pack_path in the log dir, or
+# storage and key).
 BUNDLE_PLAN = "bundle.json"
 BUNDLE_MARK = "HYDRA_RAY_BUNDLE "
 # In the pack: the returns and the gather report (if written), the records, the
@@ -220,7 +221,15 @@ def write_bundle(plan: dict[str, Any]) -> None:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     size = final.stat().st_size
-    where: dict[str, Any] = {"size": size, "sha256": digest.hexdigest()}
+    where: dict[str, Any] = {
+        "size": size,
+        "sha256": digest.hexdigest(),
+        # For the launcher to remove, once everything is home: the sweep dir here
+        # if it is in this Ray job's own working dir (an absolute sweep dir is the
+        # user's place on the cluster: kept), and the pack.
+        "node_ip": node.node_ip_address,
+        "cluster_sweep": str(sweep) if sweep.is_relative_to(Path.cwd()) else None,
+    }
     log.info(f"Packed the results and outputs to bring home: {size / 2**20:.1f} MiB")
     storage = plan.get("storage")
     if storage:
@@ -241,7 +250,9 @@ def write_bundle(plan: dict[str, Any]) -> None:
                 flush=True,
             )
             return
-    where.update(node_id=ray.get_runtime_context().get_node_id(), file=final.name)
+    where.update(
+        node_id=ray.get_runtime_context().get_node_id(), file=final.name, pack_path=str(final)
+    )
     print(BUNDLE_MARK + json.dumps(where), flush=True)
 
 

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -355,8 +356,12 @@ def _follow_home(
         log.warning(f"Ctrl-C: stopping Ray job {submission_id} (its jobs are cancelled)")
         client.stop_job(submission_id)
         _wait_end(client, submission_id, float(settings.stop_wait_s) + 30)
-        _bring_home(dashboard, client.get_job_logs(submission_id), settings, book, tmp)
+        logs = client.get_job_logs(submission_id)
+        _bring_home(dashboard, logs, settings, book, tmp)
         _note_home(book, submission_id)
+        where = _bundle_location(logs)
+        assert where is not None
+        _clean_cluster(client, submission_id, where, settings)
         raise
     except _lost() as exc:
         raise LostDashboardError(
@@ -372,7 +377,58 @@ def _follow_home(
         raise _no_results(client, dashboard, submission_id, logs)
     returns = _bring_home(dashboard, logs, settings, book, tmp)
     _note_home(book, submission_id)
+    where = _bundle_location(logs)
+    assert where is not None
+    _clean_cluster(client, submission_id, where, settings)
     return returns
+
+
+# Run on the driver's node by a Ray job of its own: removes the given paths.
+_REMOVE = (
+    "import os, shutil, sys\n"
+    "for p in sys.argv[1:]:\n"
+    "    if os.path.isdir(p) and not os.path.islink(p): shutil.rmtree(p)\n"
+    "    elif os.path.lexists(p): os.remove(p)\n"
+)
+
+
+def _clean_cluster(
+    client: Any, submission_id: str, where: Mapping[str, Any], settings: DictConfig
+) -> None:
+    """Once everything is home, a small Ray job on the driver's node removes the
+    pack and the sweep dir the jobs filled in the Ray job's working dir (the
+    other nodes' copies went with the gather). Kept: an absolute sweep dir (the
+    user's place on the cluster), and one that holds what sync_down left out."""
+    paths = [where["pack_path"]] if where.get("pack_path") else []
+    sweep = where.get("cluster_sweep")
+    down = settings.sync_down
+    if sweep and (down.include or down.exclude):
+        log.info(
+            f"The sweep dir on the cluster ({sweep}, node {where['node_ip']}) is kept: it "
+            "holds what sync_down's include/exclude left out"
+        )
+    elif sweep:
+        paths.append(sweep)
+    if not paths:
+        return
+    cleanup_id = f"{submission_id}-cleanup"
+    try:
+        client.submit_job(
+            entrypoint=shlex.join(["python", "-c", _REMOVE, *paths]),
+            submission_id=cleanup_id,
+            # Where the driver ran: its node's own resource.
+            entrypoint_resources={f"node:{where['node_ip']}": 0.001},
+        )
+    except (RuntimeError, OSError) as exc:
+        log.warning(
+            f"Could not remove the sweep's copy on the cluster ({exc}): {', '.join(paths)} "
+            f"stay on node {where['node_ip']}"
+        )
+        return
+    log.info(
+        f"Everything is home: removing the sweep's copy on the cluster (Ray job {cleanup_id}, "
+        f"node {where['node_ip']}): {', '.join(paths)}"
+    )
 
 
 def _resume_hint(book: SweepBook) -> str:
