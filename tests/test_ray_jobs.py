@@ -393,6 +393,60 @@ def test_the_example_sends_its_code_and_gets_each_job_s_return_value_and_files(
         assert (sweep / str(num) / "checkpoint.txt").read_text().startswith(f"lr={lr} ")
 
 
+# ---- A sweeper that learns from the results: Hydra's Optuna sweeper.
+
+# Hydra's Optuna sweeper and what Optuna needs that this venv lacks, in a dir of
+# their own: on the launching process's PYTHONPATH only. The cluster has neither,
+# as a user's cluster often has not (the sweeper runs on the launching machine).
+OPTUNA = (
+    "hydra-optuna-sweeper==1.3.0",
+    "optuna==2.10.1",
+    *("cmaes", "scipy", "numpy", "sqlalchemy", "alembic", "colorlog", "tqdm", "Mako"),
+)
+
+
+@pytest.fixture(scope="session")
+def optuna_sweeper() -> Path:
+    target = Path(sys.prefix) / "optuna-sweeper"
+    done = target / "installed"
+    if not done.is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target"]
+        subprocess.run([*cmd, str(target), *OPTUNA], check=True, timeout=600)
+        done.write_text("\n".join(OPTUNA))
+    return target
+
+
+def test_an_optuna_sweep_learns_from_the_return_values_of_jobs_run_on_the_cluster(
+    dashboard: str, tmp_path: Path, optuna_sweeper: Path
+) -> None:
+    path = os.pathsep.join(p for p in (str(optuna_sweeper), os.environ.get("PYTHONPATH")) if p)
+    res = run_app(
+        "app.py",
+        "hydra/sweeper=optuna",
+        "x=choice(1,2,3)",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.direction=minimize",
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address={dashboard}",
+        "hydra.sweep.dir=sweep",
+        cwd=tmp_path,
+        env={**USER_ENV, "PYTHONPATH": path},
+        unset=FRESH_SHELL[1:],
+        timeout=300,
+    )
+    assert res.returncode == 0, res.output
+    # Two batches of two trials: a Ray job each, the second asked for after the first's values.
+    assert res.output.count("Submitted the sweep as Ray job") == 2, res.output
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    xs = [int(j["overrides"][0].removeprefix("x=")) for j in summary["jobs"]]
+    values = [j["return_value"] for j in summary["jobs"]]
+    assert len(values) == 4 and values == [10 * x for x in xs]
+    results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
+    assert results.best_value == min(values) and results.best_params.x == min(xs)
+
+
 # ---- sync_down.storage: the pack through S3 (moto's server) or a shared volume.
 
 BUCKET = "sweep-packs"

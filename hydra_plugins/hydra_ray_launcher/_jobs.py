@@ -6,6 +6,7 @@ discovery. Ray's worker imports it by reference when it unpickles the task.
 
 import logging
 import os
+import sys
 import time
 import traceback
 import types
@@ -56,6 +57,32 @@ def capture_sweep_state(
             for fn in _functions(task_function)
         },
     )
+
+
+def dumps_for_cluster(obj: Any) -> bytes:
+    """`obj` pickled for a cluster whose Python lacks the other Hydra plugins of
+    this machine: their classes (a sweeper's config dataclasses, which type the
+    composed configs and fill the ConfigStore) travel by value, not by name. The
+    sweeper runs here; the jobs only carry its config. If a plugin's objects
+    cannot be pickled by value, by name it is (the cluster then needs it)."""
+    ours = __name__.rsplit(".", 1)[0]
+    foreign = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("hydra_plugins.") and not name.startswith(ours) and module is not None
+    ]
+    for module in foreign:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        blob: bytes = cloudpickle.dumps(obj)
+        return blob
+    except Exception as exc:  # whatever fails by value: by name, as before
+        log.debug(f"Other plugins' objects not picklable by value ({exc}): pickled by name")
+    finally:
+        for module in foreign:
+            cloudpickle.unregister_pickle_by_value(module)
+    blob = cloudpickle.dumps(obj)
+    return blob
 
 
 @dataclass(frozen=True)

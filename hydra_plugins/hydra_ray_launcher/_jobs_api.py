@@ -26,7 +26,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 from omegaconf import DictConfig
 
@@ -42,7 +41,7 @@ from ._head_driver import (
     JobSpec,
     load_outcomes,
 )
-from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state
+from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state, dumps_for_cluster
 from ._records import RECORD_DIR, read_record
 from ._storage import storage_problems
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
@@ -592,7 +591,7 @@ def _stage(
         width=shutil.get_terminal_size().columns if book.settings.live else None,
         already_done=current.already_done,
     )
-    (package / JOB_SPEC).write_bytes(cloudpickle.dumps(spec))
+    (package / JOB_SPEC).write_bytes(dumps_for_cluster(spec))
     down = settings.sync_down
     plan = {
         "name": f"{submission_id}.tar",

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 from omegaconf import DictConfig
 
@@ -37,7 +36,7 @@ from ._head_driver import (
     gather_command,
     load_outcomes,
 )
-from ._jobs import JobOutcome, capture_sweep_state
+from ._jobs import JobOutcome, capture_sweep_state, dumps_for_cluster
 from ._records import RECORD_DIR
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
@@ -129,7 +128,7 @@ def _run_on_cluster(
         spec_file = local_tmp / JOB_SPEC
         # It holds the app's config and state: for this user only.
         with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-            f.write(cloudpickle.dumps(spec))
+            f.write(dumps_for_cluster(spec))
         log.info(f"Pickle for jobs: {spec_file}")
         cluster = lifetime.get(sweep_dir / ".hydra" / "ray_cluster.yaml")
         with remote_temp_dir(cluster) as remote_tmp:
