@@ -3,6 +3,8 @@ failure inside the engine's own loop does to the other jobs."""
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -148,3 +150,34 @@ def test_an_error_that_ends_the_run_leaves_no_job_running(
     with pytest.raises(RuntimeError, match="the display broke"), sweep:
         pass
     assert _gone(int(pid_file.read_text()), within_s=60), "the long job still runs"
+
+
+def test_another_plugins_classes_travel_by_value_to_a_python_without_it(tmp_path: Path) -> None:
+    # A sweeper plugin of this machine only: its config class types a job's config.
+    plugin = tmp_path / "here" / "hydra_plugins" / "elsewhere_sweeper"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("")
+    (plugin / "config.py").write_text(
+        "from dataclasses import dataclass\n\n"
+        "@dataclass\nclass SweeperConf:\n    n_trials: int = 3\n"
+    )
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from omegaconf import OmegaConf\n"
+        "from hydra_plugins.elsewhere_sweeper.config import SweeperConf\n"
+        "from hydra_plugins.hydra_ray_launcher._jobs import dumps_for_cluster\n"
+        "cfg = OmegaConf.create({'hydra': {'sweeper': OmegaConf.structured(SweeperConf)}})\n"
+        "sys.stdout.buffer.write(dumps_for_cluster(cfg))\n"
+    )
+    here = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "here")], capture_output=True, check=True
+    )
+    # Where the jobs run: no such plugin.
+    load = (
+        "import sys, cloudpickle; print(cloudpickle.loads(sys.stdin.buffer.read()).hydra.sweeper)"
+    )
+    there = subprocess.run(
+        [sys.executable, "-c", load], input=here.stdout, capture_output=True, cwd=tmp_path
+    )
+    assert there.returncode == 0, there.stderr.decode()
+    assert there.stdout.decode().strip() == "{'n_trials': 3}"

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
@@ -25,6 +24,7 @@ from ._jobs import (
     JobOutcome,
     JobStarted,
     SweepState,
+    dumps_for_cluster,
     run_one_job,
     run_one_job_reporting,
 )
@@ -50,12 +50,14 @@ class ShippedState:
 
 
 def ship_state(state: SweepState) -> ShippedState:
-    """Put the state all jobs share into the object store, once for all jobs."""
+    """Put the state all jobs share into the object store, once for all jobs
+    (the other Hydra plugins' classes by value: Ray Client's workers, or another
+    machine's, need not have them)."""
     import ray
 
     return ShippedState(
         key=uuid.uuid4().hex,
-        ref=ray.put(cloudpickle.dumps(state)),
+        ref=ray.put(dumps_for_cluster(state)),
         ray_job_id=ray.get_runtime_context().get_job_id(),
     )
 
