@@ -19,10 +19,13 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
 
 
 @contextlib.contextmanager
-def port_forward(target_port: int) -> Iterator[int]:
-    """Forward a new loopback port to 127.0.0.1:`target_port`; yields the new port."""
-    listener = socket.create_server(("127.0.0.1", 0))
+def port_forward(target_port: int, listen_port: int = 0) -> Iterator[int]:
+    """Forward a loopback port (`listen_port`, or a new one) to
+    127.0.0.1:`target_port`; yields the port. On exit every connection through
+    it is cut, as when `kubectl port-forward` ends."""
+    listener = socket.create_server(("127.0.0.1", listen_port))
     stop = threading.Event()
+    conns: list[socket.socket] = []
 
     def serve() -> None:
         while not stop.is_set():
@@ -35,6 +38,7 @@ def port_forward(target_port: int) -> Iterator[int]:
             except OSError:
                 conn.close()
                 continue
+            conns.extend((conn, upstream))
             for a, b in ((conn, upstream), (upstream, conn)):
                 threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
 
@@ -44,4 +48,11 @@ def port_forward(target_port: int) -> Iterator[int]:
         yield listener.getsockname()[1]
     finally:
         stop.set()
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept(): the port is free
         listener.close()
+        thread.join(timeout=5)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()

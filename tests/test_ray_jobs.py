@@ -39,8 +39,8 @@ USER_ENV = {"RAY_AUTH_MODE": "disabled"}
 
 
 @pytest.fixture(scope="module")
-def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The forwarded dashboard address of a head whose `python` is this venv's."""
+def head_dashboard_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """The dashboard port of a head whose `python` is this venv's."""
     home = tmp_path_factory.mktemp("head-home")
     env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL}
     env.update(
@@ -49,7 +49,14 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
     )
     port = free_port()
-    with ray_head(env, dashboard_port=port), port_forward(port) as forwarded:
+    with ray_head(env, dashboard_port=port):
+        yield port
+
+
+@pytest.fixture(scope="module")
+def dashboard(head_dashboard_port: int) -> Iterator[str]:
+    """That head's dashboard, through a forwarded port."""
+    with port_forward(head_dashboard_port) as forwarded:
         yield f"http://127.0.0.1:{forwarded}"
 
 
@@ -196,25 +203,47 @@ def test_ctrl_c_stops_the_ray_job_and_brings_home_what_finished(
     assert [len((runs / f"runs_{n}").read_text().split()) for n in range(3)] == [1, 2, 2]
 
 
-@pytest.mark.parametrize("ended", [False, True], ids=["still running", "ended meanwhile"])
-def test_a_resume_after_the_launcher_was_killed_follows_the_ray_job_again(
-    dashboard: str, tmp_path: Path, ended: bool
+@pytest.mark.parametrize(
+    "lost",
+    ["killed, job still running", "killed, job ended meanwhile", "port-forward closed"],
+)
+def test_a_resume_after_the_launcher_was_lost_follows_the_ray_job_again(
+    head_dashboard_port: int, tmp_path: Path, lost: str
 ) -> None:
-    from ray.job_submission import JobSubmissionClient
-
     # Each job counts its runs here, outside the sweep dir.
     runs = tmp_path / "runs"
     sweep_args = ("x=1,2,3,4", "seconds=3", f"out={runs}")
-    run = Launching(dashboard, tmp_path, *sweep_args)
-    run.wait_for(lambda out: "started on" in out)
-    out = run.end(signal.SIGKILL)  # kill -9: no Ctrl-C handler, nothing brought home
+    with port_forward(head_dashboard_port) as port:
+        dashboard = f"http://127.0.0.1:{port}"
+        run = Launching(dashboard, tmp_path, *sweep_args)
+        run.wait_for(lambda out: "started on" in out)
+        if lost != "port-forward closed":
+            out = run.end(signal.SIGKILL)  # kill -9: no Ctrl-C handler, nothing brought home
+    if lost == "port-forward closed":  # every connection through it cut
+        assert run.proc.wait(timeout=120) != 0, run.output
+        out = run.end(signal.SIGKILL)
+        assert f"Lost the dashboard at {dashboard} while following Ray job" in out, out
+        assert "the sweep goes on on the cluster" in out and "Traceback" not in out
     assert "hydra.launcher.resume=true follows it again" in out, out
+    # The same port again, as when `kubectl port-forward` is started anew.
+    with port_forward(head_dashboard_port, listen_port=port):
+        _resume_follows_the_ray_job(
+            dashboard, tmp_path, out, sweep_args, wait_end=lost == "killed, job ended meanwhile"
+        )
+
+
+def _resume_follows_the_ray_job(
+    dashboard: str, tmp_path: Path, out: str, sweep_args: tuple[str, ...], wait_end: bool
+) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    runs = tmp_path / "runs"
     submission = out.split("Submitted the sweep as Ray job ", 1)[1].split()[0]
     client = JobSubmissionClient(dashboard)
     assert str(client.get_job_status(submission)) in ("PENDING", "RUNNING")
     sweep = tmp_path / "sweep"
     assert not list(sweep.glob(".hydra_ray/job_*.pkl"))
-    if ended:
+    if wait_end:
         deadline = time.monotonic() + 120
         while str(client.get_job_status(submission)) != "SUCCEEDED":
             assert time.monotonic() < deadline
