@@ -209,15 +209,7 @@ def moto() -> Iterator[MotoServer]:
 
 
 def _ec2(moto: MotoServer) -> Any:
-    import boto3
-
-    return boto3.client(
-        "ec2",
-        endpoint_url=moto.endpoint,
-        region_name=moto.region,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    return moto.client("ec2")
 
 
 def _aws_dry_run(moto: MotoServer, tmp_path: Path, *overrides: str) -> AppRun:

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hydra.test_utils.launcher_common_tests import (
@@ -485,19 +484,8 @@ BUCKET = "sweep-packs"
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     """moto's S3 on loopback, with a bucket for the packs."""
     with moto_server(tmp_path_factory.mktemp("moto-home"), region="us-east-1") as server:
-        _s3_client(server).create_bucket(Bucket=BUCKET)
+        server.client("s3").create_bucket(Bucket=BUCKET)
         yield server
-
-
-def _s3_client(server: MotoServer) -> Any:
-    boto3 = importlib.import_module("boto3")
-    return boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name=server.region,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
 
 
 def _s3_uri(server: MotoServer, bucket: str = BUCKET) -> str:
@@ -548,7 +536,7 @@ def test_sync_down_storage_carries_the_pack_and_is_emptied_once_it_is_home(
     if where == "file":
         assert list(shared.iterdir()) == []
     else:
-        found = _s3_client(s3).list_objects_v2(Bucket=BUCKET).get("Contents", [])
+        found = s3.client("s3").list_objects_v2(Bucket=BUCKET).get("Contents", [])
         # pyarrow keeps the prefix as an empty "packs/" marker: no data in it.
         assert [o["Key"] for o in found if not o["Key"].endswith("/")] == []
 
@@ -558,7 +546,7 @@ def test_a_storage_lost_mid_sweep_sends_the_pack_through_the_dashboard(
 ) -> None:
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(moto_server(tmp_path / "moto-home", region="us-east-1"))
-        _s3_client(server).create_bucket(Bucket=BUCKET)
+        server.client("s3").create_bucket(Bucket=BUCKET)
         for key in _CREDENTIALS:
             monkeypatch.setenv(key, server.env[key])
         run = Launching(

@@ -9,7 +9,6 @@ instance needs (`aws_overrides()`: internal IPs, root as ssh user, start command
 with the node's address) plus no conda env is set, as command-line overrides.
 """
 
-import importlib
 import json
 import re
 import shlex
@@ -130,16 +129,7 @@ def _ec2(moto: MotoServer, fn: Any) -> Any:
     assert moto.netns is not None
 
     def call() -> Any:
-        # boto3 ships no type hints: a dynamic import keeps `mypy --strict` happy
-        boto3 = importlib.import_module("boto3")
-        client = boto3.client(
-            "ec2",
-            endpoint_url=moto.endpoint,
-            region_name=moto.region,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
-        return fn(client)
+        return fn(moto.client("ec2"))
 
     return call_in_netns(moto.netns, call)
 

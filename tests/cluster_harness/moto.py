@@ -53,6 +53,10 @@ class MotoServer:
     # for the fake instances (FakeHosts.set_env): the head's autoscaler calls EC2 too
     remote_env: dict[str, str] = field(default_factory=dict)
 
+    def client(self, service: str) -> Any:
+        """A boto3 client of `service` against this server (call it inside its netns, if any)."""
+        return _client(service, self.endpoint, self.region)
+
 
 def _boto3() -> Any:
     # boto3 ships no type hints: a dynamic import keeps `mypy --strict` happy without ignores
