@@ -4,7 +4,7 @@ of a cluster's dashboard (the launching side reaches that one port only)."""
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -19,10 +19,18 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
 
 
 @contextlib.contextmanager
-def port_forward(target_port: int, listen_port: int = 0) -> Iterator[int]:
+def port_forward(
+    target_port: int,
+    listen_port: int = 0,
+    *,
+    connect: Callable[[], socket.socket] | None = None,
+) -> Iterator[int]:
     """Forward a loopback port (`listen_port`, or a new one) to
-    127.0.0.1:`target_port`; yields the port. On exit every connection through
-    it is cut, as when `kubectl port-forward` ends."""
+    127.0.0.1:`target_port`, or to what `connect` opens (e.g. a socket in
+    another network namespace); yields the port. On exit every connection
+    through it is cut, as when `kubectl port-forward` ends."""
+    if connect is None:
+        connect = lambda: socket.create_connection(("127.0.0.1", target_port))  # noqa: E731
     listener = socket.create_server(("127.0.0.1", listen_port))
     stop = threading.Event()
     conns: list[socket.socket] = []
@@ -34,7 +42,7 @@ def port_forward(target_port: int, listen_port: int = 0) -> Iterator[int]:
             except OSError:
                 return
             try:
-                upstream = socket.create_connection(("127.0.0.1", target_port))
+                upstream = connect()
             except OSError:
                 conn.close()
                 continue

@@ -4,6 +4,7 @@ dashboard) reached through one forwarded port, as a KubeRay cluster is through
 record and output comes home through that port alone."""
 
 import contextlib
+import http.server
 import importlib.util
 import json
 import os
@@ -365,20 +366,37 @@ def test_a_cluster_with_token_auth_takes_the_user_s_token_and_refuses_a_wrong_on
         assert len(client.list_jobs()) == 1  # the refused runs submitted nothing
 
 
-def test_a_dashboard_out_of_reach_is_named_before_anything_is_staged(tmp_path: Path) -> None:
+def test_a_dashboard_out_of_reach_or_another_server_is_named_before_anything_is_staged(
+    tmp_path: Path,
+) -> None:
+    def sweep(address: str) -> AppRun:
+        return run_app(
+            "app.py",
+            "x=1",
+            "hydra/launcher=ray_jobs",
+            f"hydra.launcher.address={address}",
+            cwd=tmp_path,
+            unset=FRESH_SHELL,
+        )
+
     # Nothing listens here, as when the port-forward is not running.
     address = f"http://127.0.0.1:{free_port()}"
-    res = run_app(
-        "app.py",
-        "x=1",
-        "hydra/launcher=ray_jobs",
-        f"hydra.launcher.address={address}",
-        cwd=tmp_path,
-        unset=FRESH_SHELL,
-    )
+    res = sweep(address)
     assert res.returncode != 0
     assert f"Cannot reach the dashboard at {address} (hydra.launcher.address)" in res.output
     assert "port-forward" in res.output and "Traceback" not in res.output, res.output
+    # An HTTP server that is no dashboard (another port of the cluster, a proxy's page).
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"http://127.0.0.1:{server.server_address[1]}"
+        res = sweep(address)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert res.returncode != 0
+    assert f"{address} (hydra.launcher.address) answered, but not as a Ray dashboard" in res.output
+    assert "Traceback" not in res.output, res.output
 
 
 def test_the_example_sends_its_code_and_gets_each_job_s_return_value_and_files(

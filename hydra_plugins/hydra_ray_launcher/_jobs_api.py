@@ -100,6 +100,11 @@ class Dashboard:
                 "the cluster up, and the port-forward (`kubectl port-forward "
                 "svc/<cluster>-head-svc 8265:8265`) running?"
             ) from None
+        except (RuntimeError, OSError) as exc:  # an HTTP answer, not the Jobs API's
+            raise ConfigError(
+                f"{self.address} (hydra.launcher.address) answered, but not as a Ray "
+                f"dashboard's Jobs API ({exc}): give the dashboard's port (8265 by default)"
+            ) from None
 
     def _refused(self, said: str) -> str:
         fix = (

@@ -6,6 +6,7 @@ node that ran it, and only those."""
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -16,10 +17,17 @@ from typing import Any
 import pytest
 import yaml
 
-from ..cluster_harness.fake_hosts import FakeHosts, launcher_env, unique_cluster_name
+from ..cluster_harness.fake_hosts import (
+    FakeHosts,
+    call_in_netns,
+    launcher_env,
+    unique_cluster_name,
+)
+from ..port_forward import port_forward
 
 REPO = Path(__file__).parents[2]
 NODES = ("head", "worker")
+DASHBOARD = 8265
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +35,12 @@ def running_cluster(
     fake_hosts: FakeHosts, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """A cluster started with `ray up` once for this module's tests (a CPU on
-    the head and one on the worker: jobs run on both); yields the head's address;
-    `ray down` after the last test."""
+    the head and one on the worker: jobs run on both; a dashboard on the head's
+    port 8265); yields the head's address; `ray down` after the last test."""
     tmp_path = tmp_path_factory.mktemp("ext-cluster")
+    head_args = [f"--dashboard-host={fake_hosts.address('head')}", f"--dashboard-port={DASHBOARD}"]
     config = fake_hosts.local_cluster_config(
-        unique_cluster_name("ext"), num_cpus=1, head_args=["--include-dashboard=false"]
+        unique_cluster_name("ext"), num_cpus=1, head_args=head_args
     )
     config["setup_commands"] = []
     cluster_yaml = tmp_path / "cluster.yaml"
@@ -208,3 +217,62 @@ def test_the_files_of_a_job_s_recorded_attempt_win_over_its_failed_attempt_s(
     # The failed attempt's other files, from the other node, are kept beside.
     partial = [p.name for p in home.glob("partial_from_*")]
     assert len(partial) == 1 and partial != [f"partial_from_{job['node']}"], partial
+
+
+def test_ray_jobs_runs_a_sweep_on_both_nodes_through_the_dashboard_port_alone(
+    fake_hosts: FakeHosts, running_cluster: str, tmp_path: Path
+) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    head, worker = (fake_hosts.address(h) for h in NODES)
+    # This process is outside the hosts' network: SSH, GCS, Ray Client and the
+    # dashboard are all out of its reach, ...
+    for port in (22, 6379, 10001, DASHBOARD):
+        with socket.socket() as probe:
+            assert probe.connect_ex((head, port)) != 0, port
+
+    def into_the_cluster() -> socket.socket:
+        return call_in_netns(fake_hosts.name, lambda: socket.create_connection((head, DASHBOARD)))
+
+    # ... but for one forwarded port, as `kubectl port-forward` gives.
+    app_dir = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps", app_dir)
+    with port_forward(0, connect=into_the_cluster) as port:
+        dashboard = f"http://127.0.0.1:{port}"
+        sweep_args = ["x=1,2,3,4", "seconds=2", "raise_on=[4]", "hydra.sweep.dir=sweep"]
+        launcher = ["hydra/launcher=ray_jobs", f"hydra.launcher.address={dashboard}"]
+        res = subprocess.run(
+            [sys.executable, "app.py", "--multirun", *sweep_args, *launcher],
+            env={**launcher_env(tmp_path), "RAY_AUTH_MODE": "disabled"},
+            cwd=app_dir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=300,
+        )
+        out = res.stdout
+        assert res.returncode != 0, out  # job #3 raises
+        jobs = _jobs(app_dir / "sweep")
+        assert [j["status"] for j in jobs] == ["succeeded"] * 3 + ["failed"], out
+        assert "job 3 was told to raise" in out
+        assert {j["node"] for j in jobs} == {head, worker}, jobs
+        # Every job's files are home, the worker's too, with their records.
+        for num in range(4):
+            assert (app_dir / "sweep" / str(num) / ".hydra" / "config.yaml").is_file(), out
+            assert (app_dir / "sweep" / str(num) / f"done_{num}.json").is_file() == (num != 3)
+            assert (app_dir / "sweep" / ".hydra_ray" / f"job_{num}.pkl").is_file()
+        # And nothing is left on the nodes: the worker's copies went with the gather,
+        # the head's (and the pack) with the cleanup job.
+        cleanup = re.search(r"\(Ray job (\S+-cleanup), node", out)
+        assert cleanup, out
+        client = JobSubmissionClient(dashboard)
+        deadline = time.monotonic() + 120
+        while str(client.get_job_status(cleanup.group(1))) not in ("SUCCEEDED", "FAILED"):
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert str(client.get_job_status(cleanup.group(1))) == "SUCCEEDED"
+    for host in NODES:
+        ray_tmp = fake_hosts.host_path(host, "/tmp/ray")
+        left = list(ray_tmp.glob("session_*/runtime_resources/working_dir_files/*/sweep/*/*"))
+        assert left == [], (host, left)
+        assert list(ray_tmp.glob("session_*/logs/hydra-app-*.tar")) == [], host
