@@ -363,7 +363,9 @@ def test_a_cluster_with_token_auth_takes_the_user_s_token_and_refuses_a_wrong_on
         from ray.job_submission import JobSubmissionClient
 
         client = JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"})
-        assert len(client.list_jobs()) == 1  # the refused runs submitted nothing
+        # The refused runs submitted nothing: the sweep's Ray job and its cleanup alone.
+        ids = sorted(str(j.submission_id) for j in client.list_jobs())
+        assert len(ids) == 2 and ids[1] == f"{ids[0]}-cleanup", ids
 
 
 def test_a_dashboard_out_of_reach_or_another_server_is_named_before_anything_is_staged(

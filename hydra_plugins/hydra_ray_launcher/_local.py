@@ -1,12 +1,15 @@
 """Launch of the `ray` launcher: start or connect to Ray once per process, ship
 the sweep state once, run the engine."""
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -165,7 +168,8 @@ def start_ray(init: dict[str, Any]) -> None:
     check_connection(kwargs)
     before = descendants()
     try:
-        _init(kwargs)
+        with _ctrl_c_not_lost():
+            _init(kwargs)
     except KeyboardInterrupt:
         # Ctrl-C while Ray starts: stop what it started so far, now, not at exit
         # (Ray's exit hooks would leave its agents for a minute and exit with 1).
@@ -183,6 +187,32 @@ def start_ray(init: dict[str, Any]) -> None:
             + "; caused by ".join(reasons)
         ) from exc
     _ray_initialised_here = True
+
+
+@contextlib.contextmanager
+def _ctrl_c_not_lost() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt as usual, and once more at the end if it
+    was raised where Python drops it: ray.init() forks its processes, and an
+    interrupt that lands in a fork hook (logging's lock release) is "ignored"."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    pressed = threading.Event()
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        pressed.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+        if pressed.is_set():
+            raise KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # A Ray Client server (ray://) starts one server process per client; on a busy
