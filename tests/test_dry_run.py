@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -203,8 +202,9 @@ def test_three_mistakes_are_listed_in_one_dry_run_and_the_real_run_refuses_befor
 
 
 @pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    with moto_server(Path(tempfile.mkdtemp(prefix="moto-home-"))) as server:
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    # In pytest's temp dir (which pytest prunes), not a /tmp dir of its own.
+    with moto_server(tmp_path_factory.mktemp("moto-home")) as server:
         yield server
 
 

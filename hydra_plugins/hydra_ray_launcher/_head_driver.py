@@ -239,11 +239,11 @@ def write_bundle(plan: dict[str, Any]) -> None:
             stored = _storage.put(storage, final, final.name)
         except Exception as exc:  # pyarrow missing here, credentials, the network
             log.warning(
-                f"The pack could not be put in sync_down.storage={storage} ({exc}): it comes "
-                "home through the dashboard instead"
+                f"The pack could not be put in sync_down.storage={redacted(storage)} ({exc}): "
+                "it comes home through the dashboard instead"
             )
         else:
-            log.info(f"Put the pack in {storage} as {stored}")
+            log.info(f"Put the pack in {redacted(storage)} as {stored}")
             final.unlink()  # the sweep dir here still holds everything it packed
             print(
                 BUNDLE_MARK + json.dumps({**where, "storage": storage, "key": final.name}),

@@ -43,6 +43,7 @@ from ._head_driver import (
 )
 from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state, dumps_for_cluster
 from ._records import RECORD_DIR, read_record
+from ._redact import redacted
 from ._storage import storage_problems
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
@@ -732,7 +733,7 @@ def _bring_home(
             _download(dashboard, where, local)
     except (OSError, ValueError) as exc:
         there = (
-            f"in {stored} as {where['key']}"
+            f"in {redacted(stored)} as {where['key']}"
             if stored
             else f"on the cluster's head, in its Ray log dir as {where['file']} "
             f"(node {where['node_id']})"
@@ -774,7 +775,7 @@ def _remove_stored(where: Mapping[str, Any]) -> None:
     try:
         _storage.remove(where["storage"], where["key"])
     except OSError as exc:
-        log.warning(f"Could not remove {where['key']} from {where['storage']} ({exc})")
+        log.warning(f"Could not remove {where['key']} from {redacted(where['storage'])} ({exc})")
 
 
 def _check_pack(local: Path, where: Mapping[str, Any]) -> None:

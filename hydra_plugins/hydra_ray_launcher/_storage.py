@@ -6,6 +6,7 @@ storage_path; it is imported only when a storage is given."""
 from pathlib import Path
 from typing import Any
 
+from ._redact import redacted
 from ._validate import ConfigError
 
 KEY = "hydra.launcher.sync_down.storage"
@@ -30,14 +31,14 @@ def storage_problems(uri: str | None) -> list[ConfigError]:
     except ImportError:
         return [
             ConfigError(
-                f"{KEY}={uri} needs pyarrow (here and on the cluster): "
+                f"{KEY}={redacted(uri)} needs pyarrow (here and on the cluster): "
                 "pip install 'hydra-ray-launcher[storage]', or pip install pyarrow"
             )
         ]
     except (ValueError, OSError) as exc:  # pyarrow: ArrowInvalid is a ValueError
         return [
             ConfigError(
-                f"{KEY}={uri} is not a storage pyarrow can open ({exc}): give "
+                f"{KEY}={redacted(uri)} is not a storage pyarrow can open ({exc}): give "
                 "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or file:///ABSOLUTE/DIR"
             )
         ]
@@ -57,9 +58,9 @@ def check_reachable(uri: str) -> None:
         found = filesystem.get_file_info(where).type
     except OSError as exc:
         raise ConfigError(
-            f"{KEY}={uri} cannot be read from here ({exc}): check the credentials pyarrow "
-            "finds (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, "
-            "...) and the endpoint"
+            f"{KEY}={redacted(uri)} cannot be read from here ({exc}): check the credentials "
+            "pyarrow finds (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+            "GOOGLE_APPLICATION_CREDENTIALS, ...) and the endpoint"
         ) from None
     if found != FileType.Directory:
         what = (
@@ -68,7 +69,7 @@ def check_reachable(uri: str) -> None:
             if local
             else f"no bucket {where!r} is there"
         )
-        raise ConfigError(f"{KEY}={uri}: {what}")
+        raise ConfigError(f"{KEY}={redacted(uri)}: {what}")
 
 
 def put(uri: str, local: Path, name: str) -> str:
