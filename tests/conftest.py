@@ -6,6 +6,7 @@ import fcntl
 import os
 import pty
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -150,6 +151,7 @@ def ray_head(
     client_port: int | None = None,
     dashboard_port: int | None = None,
     agent_port: int | None = None,
+    temp_dir: str | None = None,
 ) -> Iterator[tuple[str, int]]:
     """A Ray cluster started with `ray start --head` on this machine (in `env`:
     RAY_AUTH_MODE and HOME decide its token), with a Ray Client server on
@@ -171,8 +173,10 @@ def ray_head(
             f"--runtime-env-agent-port={free_port()}",
         ]
     # A short, private temp dir: Ray's socket paths must stay short, and its
-    # record of "the latest cluster" must not leak to other tests.
-    temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
+    # record of "the latest cluster" must not leak to other tests. A caller
+    # that reads the head's logs after passes its own and removes it.
+    own_temp = temp_dir is None
+    temp_dir = temp_dir or tempfile.mkdtemp(prefix="rc", dir="/tmp")
     head = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "ray"),
@@ -206,6 +210,8 @@ def ray_head(
             head.wait(timeout=5)  # then SIGKILL: its temp dir is its own
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)  # and whatever did not stop in time
+        if own_temp:
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def processes_in_session(sid: int) -> list[str]:

@@ -4,9 +4,11 @@ comes in seconds, with the reason, and leaves nothing running."""
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,21 +178,35 @@ def test_a_ray_client_server_that_fails_to_start_a_server_once_is_tried_again(
         _home(tmp_path, "head", None),
         PYTHONPATH=os.pathsep.join([str(fault), os.environ.get("PYTHONPATH", "")]),
         FAULT_MARKER=str(marker),
-        RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="5",  # how long the proxy waits for it
+        # How long the proxy waits for a per-client server to listen: short, as
+        # the first one never will, but not so short that a loaded machine's
+        # next one (Python and Ray's imports, 5+ s under load) misses it.
+        RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="15",
     )
     client_port = free_port()
-    with ray_head(head_env, client_port=client_port):
-        res = run_app(
-            "app.py",
-            "x=1,2",
-            f"hydra.launcher.ray.init.address=ray://127.0.0.1:{client_port}",
-            f"hydra.sweep.dir={tmp_path / 's'}",
-            cwd=tmp_path,
-            env=_env(_home(tmp_path, "user", None)),
-            unset=FRESH_SHELL,
-        )
+    head_temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths
+    try:
+        with ray_head(head_env, client_port=client_port, temp_dir=head_temp):
+            res = run_app(
+                "app.py",
+                "x=1,2",
+                f"hydra.launcher.ray.init.address=ray://127.0.0.1:{client_port}",
+                f"hydra.sweep.dir={tmp_path / 's'}",
+                cwd=tmp_path,
+                env=_env(_home(tmp_path, "user", None)),
+                unset=FRESH_SHELL,
+            )
+        head_logs = _client_server_logs(Path(head_temp))
+    finally:
+        shutil.rmtree(head_temp, ignore_errors=True)
     assert marker.exists()  # the fault did strike
-    assert res.returncode == 0, res.output
+    assert res.returncode == 0, res.output + head_logs
     assert "could not start a server for this client (try 1 of 4)" in res.output
     assert "2 jobs done" in res.output
     assert (tmp_path / "s" / "1" / "done_1.json").is_file()
+
+
+def _client_server_logs(temp_dir: Path) -> str:
+    """The head's Ray Client server logs: what a failure of the test above needs."""
+    logs = sorted(temp_dir.glob("session_latest/logs/ray_client_server*"))
+    return "".join(f"\n== {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in logs)
