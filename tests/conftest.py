@@ -221,3 +221,25 @@ def processes_in_session(sid: int) -> list[str]:
     )
     rows = [line.split(None, 3) for line in ps.stdout.splitlines()]
     return [" ".join(r) for r in rows if len(r) == 4 and int(r[1]) == sid and "Z" not in r[2]]
+
+
+# Hydra's Optuna sweeper and what Optuna needs that this venv lacks, in a dir of
+# their own: on the launching process's PYTHONPATH only. The cluster has neither,
+# as a user's cluster often has not (the sweeper runs on the launching machine).
+OPTUNA = (
+    "hydra-optuna-sweeper==1.3.0",
+    "optuna==2.10.1",
+    *("cmaes", "scipy", "numpy", "sqlalchemy", "alembic", "colorlog", "tqdm", "Mako"),
+)
+
+
+@pytest.fixture(scope="session")
+def optuna_sweeper() -> Path:
+    target = Path(sys.prefix) / "optuna-sweeper"
+    done = target / "installed"
+    if not done.is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target"]
+        subprocess.run([*cmd, str(target), *OPTUNA], check=True, timeout=600)
+        done.write_text("\n".join(OPTUNA))
+    return target

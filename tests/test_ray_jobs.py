@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from hydra.test_utils.launcher_common_tests import (
 )
 from omegaconf import OmegaConf
 
+from hydra_plugins.hydra_ray_launcher._records import read_record
 from hydra_plugins.hydra_ray_launcher._sweep import SweepBook, SweepSettings
 
 from .cluster_harness.moto import MotoServer, moto_server
@@ -90,6 +92,12 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
         assert (sweep / str(num) / f"done_{num}.json").is_file() == (num != 2)
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     assert [j["status"] for j in summary["jobs"]] == ["succeeded", "succeeded", "failed"]
+    # Where each job's files are here, not where they were on the cluster; in
+    # the records too, which a resume hands to the sweeper.
+    assert [j["output_dir"] for j in summary["jobs"]] == [str(sweep / str(n)) for n in range(3)]
+    record = read_record(sweep, 1)
+    assert record is not None and record.job_return.hydra_cfg is not None
+    assert record.job_return.hydra_cfg.hydra.runtime.output_dir == str(sweep / "1")
     assert "job 2 was told to raise" in out
     records = sorted(p.name for p in (sweep / ".hydra_ray").glob("job_*.pkl"))
     assert records == ["job_0.pkl", "job_1.pkl", "job_2.pkl"]
@@ -114,6 +122,59 @@ def _the_cluster_keeps_nothing(dashboard: str, out: str) -> None:
     assert any(p.endswith(".tar") for p in paths) and any(p.endswith("/sweep") for p in paths)
     for path in paths:
         assert not os.path.lexists(path), path
+
+
+def test_a_cleanup_the_network_drops_leaves_the_sweep_done_and_names_what_stays(
+    head_dashboard_port: int, tmp_path: Path
+) -> None:
+    # The forwarder drops the connection that submits the cleanup job (its
+    # submission id ends in -cleanup); everything else goes through.
+    def cleanup(sent: bytes) -> bool:
+        return sent.startswith(b"POST /api/jobs/") and b'-cleanup"' in sent
+
+    with port_forward(head_dashboard_port, cut=cleanup) as port:
+        res = _sweep(f"http://127.0.0.1:{port}", tmp_path, "x=1,2")
+    assert res.returncode == 0, res.output  # everything is home: the sweep succeeded
+    sweep = tmp_path / "sweep"
+    for num in range(2):
+        assert (sweep / str(num) / f"done_{num}.json").is_file(), res.output
+    found = re.search(
+        r"Could not remove the sweep's copy on the cluster \((.*)\): (\S+(?:, \S+)*) "
+        r"stay on node (\S+)",
+        res.output,
+    )
+    assert found, res.output
+    paths = found.group(2).split(", ")
+    # What it names is there, untouched (this head's files are visible here).
+    assert any(p.endswith(".tar") for p in paths) and any(p.endswith("/sweep") for p in paths)
+    for path in map(Path, paths):
+        assert path.exists(), path
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    assert "Traceback" not in res.output
+
+
+def test_an_upload_the_network_drops_is_named_and_a_resume_submits_the_sweep(
+    head_dashboard_port: int, dashboard: str, tmp_path: Path
+) -> None:
+    # The forwarder drops the connection that uploads the package: the sweep
+    # was never submitted.
+    with port_forward(
+        head_dashboard_port, cut=lambda sent: sent.startswith(b"PUT /api/packages/")
+    ) as port:
+        lost = f"http://127.0.0.1:{port}"
+        res = _sweep(lost, tmp_path, "x=1,2")
+    assert res.returncode != 0
+    assert f"Lost the dashboard at {lost} while submitting the sweep as Ray job" in res.output
+    assert "hydra.launcher.resume=true submits it again" in res.output
+    assert "Traceback" not in res.output, res.output
+    sweep = tmp_path / "sweep"
+    assert not list(sweep.glob("*/done_*.json"))
+    # Once the network is back, the resume submits it and it runs to the end.
+    res = _sweep(dashboard, tmp_path, "x=1,2", "hydra.launcher.resume=true")
+    assert res.returncode == 0, res.output
+    assert "is not on the cluster" in res.output and "its jobs run again" in res.output
+    for num in range(2):
+        assert (sweep / str(num) / f"done_{num}.json").is_file(), res.output
 
 
 class Launching:
@@ -225,11 +286,17 @@ def test_a_resume_after_the_launcher_was_lost_follows_the_ray_job_again(
         assert f"Lost the dashboard at {dashboard} while following Ray job" in out, out
         assert "the sweep goes on on the cluster" in out and "Traceback" not in out
     assert "hydra.launcher.resume=true follows it again" in out, out
+    # A kill -9 runs no cleanup: the launcher's scratch dir (its staged package) stays...
+    scratch = f"hydra-ray-jobs-{run.proc.pid}-*"
+    left = list(Path(tempfile.gettempdir()).glob(scratch))
+    assert len(left) == (0 if lost == "port-forward closed" else 1), left
     # The same port again, as when `kubectl port-forward` is started anew.
     with port_forward(head_dashboard_port, listen_port=port):
         _resume_follows_the_ray_job(
             dashboard, tmp_path, out, sweep_args, wait_end=lost == "killed, job ended meanwhile"
         )
+    # ... until the next launch.
+    assert list(Path(tempfile.gettempdir()).glob(scratch)) == []
 
 
 def _resume_follows_the_ray_job(
@@ -257,6 +324,7 @@ def _resume_follows_the_ray_job(
     assert [len((runs / f"runs_{n}").read_text().split()) for n in range(4)] == [1] * 4
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     assert [j["return_value"] for j in summary["jobs"]] == [10, 20, 30, 40], summary
+    assert [j["output_dir"] for j in summary["jobs"]] == [str(sweep / str(n)) for n in range(4)]
     for num in range(4):
         assert (sweep / str(num) / ".hydra" / "config.yaml").is_file()
         assert (sweep / ".hydra_ray" / f"job_{num}.pkl").is_file()
@@ -443,27 +511,6 @@ def test_the_example_sends_its_code_and_gets_each_job_s_return_value_and_files(
 
 # ---- A sweeper that learns from the results: Hydra's Optuna sweeper.
 
-# Hydra's Optuna sweeper and what Optuna needs that this venv lacks, in a dir of
-# their own: on the launching process's PYTHONPATH only. The cluster has neither,
-# as a user's cluster often has not (the sweeper runs on the launching machine).
-OPTUNA = (
-    "hydra-optuna-sweeper==1.3.0",
-    "optuna==2.10.1",
-    *("cmaes", "scipy", "numpy", "sqlalchemy", "alembic", "colorlog", "tqdm", "Mako"),
-)
-
-
-@pytest.fixture(scope="session")
-def optuna_sweeper() -> Path:
-    target = Path(sys.prefix) / "optuna-sweeper"
-    done = target / "installed"
-    if not done.is_file():
-        shutil.rmtree(target, ignore_errors=True)
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target"]
-        subprocess.run([*cmd, str(target), *OPTUNA], check=True, timeout=600)
-        done.write_text("\n".join(OPTUNA))
-    return target
-
 
 def test_an_optuna_sweep_learns_from_the_return_values_of_jobs_run_on_the_cluster(
     dashboard: str, tmp_path: Path, optuna_sweeper: Path
@@ -626,12 +673,12 @@ def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
     shared.mkdir()
     (shared / "hydra-app-1.tar").write_bytes(b"not the pack the driver made")
     where = {"storage": f"file://{shared}", "key": "hydra-app-1.tar", "size": 10, "sha256": "0"}
-    logs = f"a log line\n{BUNDLE_MARK}{json.dumps(where)}\n"
+    logs = f"a log line\n{BUNDLE_MARK}{json.dumps(where)}\n"  # the driver's last line
     settings = OmegaConf.create({"sync_down": {"target_dir": None}})
     book = SweepBook(tmp_path / "sweep", [], SweepSettings(False, 0, None, False))
     dashboard = _jobs_api.Dashboard("http://127.0.0.1:1", {}, True)
     with pytest.raises(OutputsNotHomeError, match=r"damaged.*they stay in file://"):
-        _jobs_api._bring_home(dashboard, logs, settings, book, tmp_path)
+        _jobs_api._bring_home(dashboard, _jobs_api._bundle_location(logs), settings, book, tmp_path)
     assert (shared / "hydra-app-1.tar").is_file()  # nothing removed that did not come home
 
 

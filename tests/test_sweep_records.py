@@ -698,3 +698,68 @@ def test_big_table_of_succeeded_jobs_is_one_line() -> None:
     assert table == (
         f"({MAX_TABLE_ROWS + 1} succeeded jobs not shown: every job is in sweep_summary.json)"
     )
+
+
+def ran_on_a_cluster(idx: int, output_dir: str, *, chdir: bool = False) -> JobOutcome:
+    """A job's outcome as a cluster's driver returns it: Hydra's config of the
+    job, with the output dir it had there."""
+    done = outcome(idx, [f"x={idx}"], value=idx)
+    done.job_return.hydra_cfg = OmegaConf.create(
+        {"hydra": {"runtime": {"output_dir": output_dir}, "job": {"chdir": chdir}}}
+    )
+    for node in (done.job_return.hydra_cfg.hydra, done.job_return.hydra_cfg.hydra.runtime):
+        OmegaConf.set_readonly(node, True)  # as Hydra leaves it
+        OmegaConf.set_struct(node, True)
+    done.job_return.working_dir = output_dir if chdir else "/home/ray/job"
+    return done
+
+
+@pytest.mark.parametrize(
+    ("given", "there", "below"),
+    [
+        # relative: under each node's own working dir (Ray's runtime env dirs)
+        ("multirun/d/t", "/tmp/ray/session_1/runtime_resources/_ray_pkg_9/multirun/d/t/3", "3"),
+        ("./multirun/d/t", "/home/ray/hydra-ray-x/multirun/d/t/lr=0.1", "lr=0.1"),
+        # a sweep dir whose name comes again inside a job's subdir: the last place wins
+        ("m", "/w/m/a/m/b", "b"),
+        # absolute: the same path on the cluster
+        ("/data/sweeps/s1", "/data/sweeps/s1/7", "7"),
+    ],
+)
+def test_a_cluster_job_s_output_dir_becomes_where_its_files_came_home(
+    tmp_path: Path, given: str, there: str, below: str
+) -> None:
+    home = tmp_path / "home"
+    moved = _records.moved_home(ran_on_a_cluster(3, there), given, home)
+    assert moved.job_return.hydra_cfg is not None
+    assert moved.job_return.hydra_cfg.hydra.runtime.output_dir == str(home / below)
+    assert moved.job_return.working_dir == "/home/ray/job"  # not the output dir: kept
+    assert moved.job_return.return_value == 3
+
+
+def test_with_chdir_the_working_dir_comes_home_too_and_a_path_elsewhere_stays(
+    tmp_path: Path,
+) -> None:
+    chdir = _records.moved_home(ran_on_a_cluster(1, "/w/m/1", chdir=True), "m", tmp_path)
+    assert chdir.job_return.working_dir == str(tmp_path / "1")
+    elsewhere = ran_on_a_cluster(2, "/scratch/out/2")
+    assert _records.moved_home(elsewhere, "m", tmp_path) is elsewhere
+    assert _records.moved_home(elsewhere, "/data/m", tmp_path) is elsewhere
+
+
+def test_records_brought_from_a_cluster_are_rewritten_for_resume_and_summary(
+    tmp_path: Path,
+) -> None:
+    sweep = tmp_path / "multirun" / "s"
+    for idx in (0, 1):
+        write_record(sweep, ran_on_a_cluster(idx, f"/tmp/ray/pkg/multirun/s/{idx}"))
+    _records.move_records_home(sweep, [0, 1, 5], "multirun/s", sweep)
+    for idx in (0, 1):
+        record = read_record(sweep, idx)
+        assert record is not None and record.job_return.hydra_cfg is not None
+        assert record.job_return.hydra_cfg.hydra.runtime.output_dir == str(sweep / str(idx))
+    write_summary(sweep, [], [r for r in (read_record(sweep, i) for i in (0, 1)) if r])
+    assert [j["output_dir"] for j in read_summary(sweep)["jobs"]] == [
+        str(sweep / "0"),
+        str(sweep / "1"),
+    ]

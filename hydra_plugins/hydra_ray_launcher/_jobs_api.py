@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 import urllib.parse
 import warnings
@@ -42,8 +41,9 @@ from ._head_driver import (
     load_outcomes,
 )
 from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state, dumps_for_cluster
-from ._records import RECORD_DIR, read_record
+from ._records import RECORD_DIR, move_records_home, moved_home, read_record
 from ._redact import redacted
+from ._scratch import scratch_dir
 from ._storage import storage_problems
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# This machine's scratch dirs (see _scratch): the package, a pack coming home.
+SCRATCH = "hydra-ray-jobs"
 # Ray refuses a larger working_dir upload (HTTP 413); 100 MiB today.
 UPLOAD_LIMIT = 100 * 2**20
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -282,8 +284,8 @@ def _run_as_ray_job(
     assert launcher.config is not None
     settings = launcher.config.hydra.launcher
     submission_id = _submission_id(launcher.config, current)
-    with tempfile.TemporaryDirectory(prefix="hydra-ray-jobs-") as tmp:
-        package = Path(tmp) / "package"
+    with scratch_dir(SCRATCH) as tmp:
+        package = tmp / "package"
         _stage(launcher, book, current, settings, package, submission_id)
         _check_upload_size(package)
         runtime_env = _runtime_env(settings, package, settings.sync_up.source_dir is not None)
@@ -294,32 +296,38 @@ def _run_as_ray_job(
         # Noted before it exists: a launcher killed right after the submission
         # leaves a Ray job that a resume must find.
         _note_submission(book, submission_id, [job.idx for job in current.to_run], home=False)
-        _submit(
-            client,
-            entrypoint=entrypoint,
-            submission_id=submission_id,
-            runtime_env=runtime_env,
-            **without_nulls(
-                {
-                    "entrypoint_num_cpus": settings.entrypoint_num_cpus,
-                    "entrypoint_num_gpus": settings.entrypoint_num_gpus,
-                    "entrypoint_memory": settings.entrypoint_memory,
-                    "entrypoint_resources": plain_dict(settings.entrypoint_resources)
-                    if settings.entrypoint_resources is not None
-                    else None,
-                }
-            ),
-        )
+        resources = {
+            "entrypoint_num_cpus": settings.entrypoint_num_cpus,
+            "entrypoint_num_gpus": settings.entrypoint_num_gpus,
+            "entrypoint_memory": settings.entrypoint_memory,
+            "entrypoint_resources": plain_dict(settings.entrypoint_resources)
+            if settings.entrypoint_resources is not None
+            else None,
+        }
+        try:
+            _submit(
+                client,
+                entrypoint=entrypoint,
+                submission_id=submission_id,
+                runtime_env=runtime_env,
+                **without_nulls(resources),
+            )
+        except OSError as exc:  # requests' ConnectionError: the upload or the submission
+            raise LostDashboardError(
+                f"Lost the dashboard at {dashboard.address} while submitting the sweep as Ray "
+                f"job {submission_id} ({exc}). When it is reachable again, "
+                f"{_resume_hint(book)} submits it again (or follows it, if it got there)"
+            ) from exc
         log.info(
             f"Submitted the sweep as Ray job {submission_id} to {dashboard.address}; "
             f"follow it with `ray job logs -f {submission_id} --address {dashboard.address}`. "
             "If this process ends or loses the dashboard, the sweep goes on on the cluster: "
             f"{_resume_hint(book)} follows it again and brings its results home"
         )
-        returns = _follow_home(client, dashboard, submission_id, settings, book, Path(tmp))
+        returns = _follow_home(client, dashboard, submission_id, settings, book, tmp)
         if returns is None:
             raise _no_results(client, dashboard, submission_id, "")
-        return load_outcomes(str(returns))
+        return _outcomes_home(returns, settings, book)
 
 
 def _no_results(client: Any, dashboard: Dashboard, submission_id: str, logs: str) -> DriverError:
@@ -361,12 +369,8 @@ def _follow_home(
         log.warning(f"Ctrl-C: stopping Ray job {submission_id} (its jobs are cancelled)")
         client.stop_job(submission_id)
         _wait_end(client, submission_id, float(settings.stop_wait_s) + 30)
-        logs = client.get_job_logs(submission_id)
-        _bring_home(dashboard, logs, settings, book, tmp)
-        _note_home(book, submission_id)
-        where = _bundle_location(logs)
-        assert where is not None
-        _clean_cluster(client, submission_id, where, settings)
+        where = _bundle_location(client.get_job_logs(submission_id))
+        _home_and_clean(client, dashboard, submission_id, where, settings, book, tmp)
         raise
     except _lost() as exc:
         raise LostDashboardError(
@@ -375,15 +379,29 @@ def _follow_home(
             f"is reachable again, {_resume_hint(book)} follows it again and brings its "
             "results home"
         ) from exc
-    if _bundle_location(logs) is None:  # the job ended without one: its last words
+    where = _bundle_location(logs)
+    if where is None:  # the job ended without one: its last words
         logs = client.get_job_logs(submission_id)
-    if _bundle_location(logs) is None:  # its driver ended before packing anything
+        where = _bundle_location(logs)
+    if where is None:  # its driver ended before packing anything
         _note_home(book, submission_id)  # nothing to fetch: a resume runs its jobs anew
         raise _no_results(client, dashboard, submission_id, logs)
-    returns = _bring_home(dashboard, logs, settings, book, tmp)
+    return _home_and_clean(client, dashboard, submission_id, where, settings, book, tmp)
+
+
+def _home_and_clean(
+    client: Any,
+    dashboard: Dashboard,
+    submission_id: str,
+    where: Mapping[str, Any] | None,
+    settings: DictConfig,
+    book: SweepBook,
+    tmp: Path,
+) -> Path | None:
+    """Bring the pack home, note it, then remove the cluster's copies."""
+    returns = _bring_home(dashboard, where, settings, book, tmp)
     _note_home(book, submission_id)
-    where = _bundle_location(logs)
-    assert where is not None
+    assert where is not None  # _bring_home raised otherwise
     _clean_cluster(client, submission_id, where, settings)
     return returns
 
@@ -499,8 +517,9 @@ def _reattach(
             status = str(client.get_job_info(submission_id).status)
         except RuntimeError as exc:
             log.warning(
-                f"Ray job {submission_id}, submitted by an earlier run of this sweep, is not "
-                f"on the cluster at {dashboard.address} ({exc}): its jobs run again"
+                f"Ray job {submission_id}, which an earlier run of this sweep submitted (or "
+                f"tried to), is not on the cluster at {dashboard.address} ({exc}): its jobs "
+                "run again"
             )
             continue
         log.info(
@@ -508,10 +527,10 @@ def _reattach(
             f"run of this sweep for jobs {', '.join(f'#{i}' for i in sorted(jobs))}: its log "
             "from the start follows, then its results come home"
         )
-        with tempfile.TemporaryDirectory(prefix="hydra-ray-jobs-") as tmp:
-            returns = _follow_home(client, dashboard, submission_id, settings, book, Path(tmp))
+        with scratch_dir(SCRATCH) as tmp:
+            returns = _follow_home(client, dashboard, submission_id, settings, book, tmp)
             if returns is not None:
-                outcomes = load_outcomes(str(returns))
+                outcomes = _outcomes_home(returns, settings, book)
             else:  # stopped or failed: what finished has its record
                 found = (read_record(book.sweep_dir, idx) for idx in sorted(jobs))
                 outcomes = [o for o in found if o is not None]
@@ -713,12 +732,16 @@ def _bundle_location(logs: str) -> dict[str, Any] | None:
 
 
 def _bring_home(
-    dashboard: Dashboard, logs: str, settings: DictConfig, book: SweepBook, tmp: Path
+    dashboard: Dashboard,
+    where: Mapping[str, Any] | None,
+    settings: DictConfig,
+    book: SweepBook,
+    tmp: Path,
 ) -> Path | None:
-    """Fetch the pack (through the dashboard, or from sync_down.storage), check
-    it, unpack the records, the outputs and the returns here; the returns' path
-    (None if the driver did not write them). Raises OutputsNotHomeError."""
-    where = _bundle_location(logs)
+    """Fetch the pack the driver's line `where` tells of (through the dashboard,
+    or from sync_down.storage), check it, unpack the records, the outputs and
+    the returns here; the returns' path (None if the driver did not write
+    them). Raises OutputsNotHomeError."""
     if where is None:
         raise OutputsNotHomeError(
             "The Ray job's driver did not say where its results are (it ended before "
@@ -747,10 +770,13 @@ def _bring_home(
             tar.extractall(unpacked, filter="data")
         else:  # pragma: no cover - Pythons without extraction filters
             tar.extractall(unpacked)
+    target_dir = _home_dir(settings, book)
     if (unpacked / BUNDLE_RECORDS).is_dir():
         shutil.copytree(unpacked / BUNDLE_RECORDS, book.sweep_dir / RECORD_DIR, dirs_exist_ok=True)
-    target = settings.sync_down.target_dir
-    target_dir = Path(str(target)) if target is not None else book.sweep_dir
+        # The records say where the jobs wrote on the cluster: now they say here.
+        came = (p.stem.removeprefix("job_") for p in (unpacked / BUNDLE_RECORDS).glob("job_*.pkl"))
+        idxs = sorted(int(i) for i in came if i.isdecimal())
+        move_records_home(book.sweep_dir, idxs, str(book.sweep_dir), target_dir)
     if (unpacked / BUNDLE_OUTPUTS).is_dir():
         shutil.copytree(unpacked / BUNDLE_OUTPUTS, target_dir, dirs_exist_ok=True)
         log.info(f"Brought home the outputs ({where['size'] / 2**20:.1f} MiB pack) to {target_dir}")
@@ -758,6 +784,18 @@ def _bring_home(
         _remove_stored(where)
     returns = unpacked / RETURNS
     return returns if returns.is_file() else None
+
+
+def _home_dir(settings: DictConfig, book: SweepBook) -> Path:
+    """Where the jobs' outputs come home."""
+    target = settings.sync_down.target_dir
+    return Path(str(target)) if target is not None else book.sweep_dir
+
+
+def _outcomes_home(returns: Path, settings: DictConfig, book: SweepBook) -> list[JobOutcome]:
+    """The driver's outcomes, with the paths where the jobs' files came home."""
+    home = _home_dir(settings, book)
+    return [moved_home(o, str(book.sweep_dir), home) for o in load_outcomes(str(returns))]
 
 
 def _fetch_stored(where: Mapping[str, Any], local: Path) -> None:

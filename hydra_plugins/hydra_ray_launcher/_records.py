@@ -27,11 +27,11 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
 import cloudpickle
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict, read_write
 
 from ._jobs import INTERRUPTED, SUCCEEDED, JobOutcome
 from ._redact import redacted_hydra_config
@@ -157,6 +157,63 @@ def load_record(sweep_dir: Path, idx: int) -> JobOutcome | None:
     if not isinstance(outcome, JobOutcome):
         raise UnreadableRecord(path, f"holds a {type(outcome).__name__}, not a job's outcome")
     return outcome
+
+
+def moved_home(outcome: JobOutcome, sweep_dir: str, home: Path) -> JobOutcome:
+    """The outcome of a job that ran on a cluster, with its output dir (and its
+    working dir, if it was that) where its files came home: `home` (the local
+    sweep dir, or sync_down.target_dir) joined with the part of the cluster's
+    output dir below `sweep_dir`, the sweep dir as the jobs were given it
+    (relative to each node's working dir, or absolute). Unchanged if the output
+    dir is not below it (then nothing says where its files went)."""
+    ret = outcome.job_return
+    there = (
+        OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir", default=None)
+        if ret.hydra_cfg is not None
+        else None
+    )
+    if not isinstance(there, str):
+        return outcome
+    below = _below(PurePosixPath(there), PurePosixPath(os.path.normpath(sweep_dir)))
+    if below is None:
+        return outcome
+    here = os.path.abspath(home / below)
+    if here == there:
+        return outcome
+    hydra_cfg = copy.deepcopy(ret.hydra_cfg)
+    assert hydra_cfg is not None
+    runtime = hydra_cfg.hydra.runtime
+    with read_write(runtime), open_dict(runtime):  # as Hydra's run_job sets it
+        runtime.output_dir = here
+    moved = copy.copy(ret)
+    moved.hydra_cfg = hydra_cfg
+    if ret.working_dir == there:  # hydra.job.chdir=true
+        moved.working_dir = here
+    return dataclasses.replace(outcome, job_return=moved)
+
+
+def _below(path: PurePosixPath, top: PurePosixPath) -> PurePosixPath | None:
+    """`path`'s part below `top`: an absolute `top` only at its start, a relative
+    one at its last place in `path` (the node's working dir comes before it)."""
+    n = len(top.parts)
+    starts = [0] if top.is_absolute() else range(len(path.parts) - n, 0, -1)
+    for i in starts:
+        if path.parts[i : i + n] == top.parts:
+            return PurePosixPath(*path.parts[i + n :])
+    return None
+
+
+def move_records_home(sweep_dir: Path, idxs: Iterable[int], given: str, home: Path) -> None:
+    """Rewrite the records of jobs `idxs`, just brought from a cluster into
+    `sweep_dir`, with the paths where their files came home (see moved_home): a
+    resume hands them to the sweeper, and the summary shows their output dirs."""
+    for idx in idxs:
+        outcome = read_record(sweep_dir, idx)
+        if outcome is None:
+            continue
+        moved = moved_home(outcome, given, home)
+        if moved is not outcome:
+            write_record(sweep_dir, moved)
 
 
 def job_records(sweep_dir: Path) -> list[Path]:

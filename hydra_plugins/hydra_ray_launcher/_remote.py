@@ -8,7 +8,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,8 @@ from ._head_driver import (
     load_outcomes,
 )
 from ._jobs import JobOutcome, capture_sweep_state, dumps_for_cluster
-from ._records import RECORD_DIR
+from ._records import RECORD_DIR, move_records_home, moved_home
+from ._scratch import scratch_dir
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
 from ._validate import (
@@ -123,8 +123,7 @@ def _job_spec(launcher: "RayAWSLauncher", book: SweepBook, current: Batch) -> Jo
 def _run_on_cluster(
     lifetime: ClusterLifetime, spec: JobSpec, settings: DictConfig, sweep_dir: Path
 ) -> list[JobOutcome]:
-    with tempfile.TemporaryDirectory(prefix="hydra-ray-") as tmp:
-        local_tmp = Path(tmp)
+    with scratch_dir("hydra-ray-cluster") as local_tmp:
         spec_file = local_tmp / JOB_SPEC
         # It holds the app's config and state: for this user only.
         with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
@@ -139,8 +138,19 @@ def _run_on_cluster(
                 _run_head_driver(cluster, remote_tmp.path, spec.code_dir)
             finally:
                 # Whatever finished comes home, also when the driver failed or was stopped.
-                returns = _bring_home(cluster, remote_tmp, settings.sync_down, sweep_dir, local_tmp)
-            return load_outcomes(str(returns))
+                returns = _bring_home(
+                    cluster,
+                    remote_tmp,
+                    settings.sync_down,
+                    sweep_dir,
+                    local_tmp,
+                    jobs=[job.idx for job in spec.jobs],
+                )
+            home = _outputs_home(settings.sync_down, sweep_dir)
+            outcomes = load_outcomes(str(returns))
+            if home is None:
+                return outcomes
+            return [moved_home(o, spec.sweep_dir, home) for o in outcomes]
 
 
 def _code_dir(sync: DictConfig) -> str | None:
@@ -226,8 +236,20 @@ class _Transfer:
         )
 
 
+def _outputs_home(sync: DictConfig, sweep_dir: Path) -> Path | None:
+    """Where the sweep dir's outputs come home; None if sync_down brings another dir."""
+    if sync.source_dir is not None:
+        return None
+    return Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
+
+
 def _bring_home(
-    cluster: Cluster, remote_tmp: RemoteTmp, sync: DictConfig, sweep_dir: Path, local_tmp: Path
+    cluster: Cluster,
+    remote_tmp: RemoteTmp,
+    sync: DictConfig,
+    sweep_dir: Path,
+    local_tmp: Path,
+    jobs: Sequence[int] = (),
 ) -> Path:
     """Bring home, in this order, the jobs' records (small; resume decides from
     them), the returns (the sweeper's results) and the outputs; return where the
@@ -251,6 +273,9 @@ def _bring_home(
         cluster.run(f"mkdir -p {shlex.quote(records.source)}")
         records.run(cluster)
         pending.remove(records)
+        home = _outputs_home(sync, sweep_dir)
+        if home is not None:  # the records say where the jobs wrote on the head: now here
+            move_records_home(sweep_dir, jobs, str(sweep_dir), home)
         if _head_has(cluster, f"{remote_tmp.path}/{RETURNS}"):
             cluster.rsync_down(f"{remote_tmp.path}/{RETURNS}", str(returns))
         log.info(f"Bringing home the outputs: the head's {source} to {target}")

@@ -1,0 +1,58 @@
+"""Scratch dirs a killed launcher left behind are removed by the next launch,
+and only those: not a live process's, not another user's."""
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hydra_plugins.hydra_ray_launcher._scratch import remove_stale, scratch_dir
+
+
+@pytest.fixture
+def temp_dir(tmp_path: Path) -> Iterator[Path]:
+    old = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path)
+    try:
+        yield tmp_path
+    finally:
+        tempfile.tempdir = old
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_dead_launcher_s_dir_goes_a_live_one_s_stays(temp_dir: Path) -> None:
+    dead = temp_dir / f"hydra-ray-jobs-{_dead_pid()}-abc"
+    (dead / "package").mkdir(parents=True)
+    (dead / "package" / "spec.pkl").write_bytes(b"x")
+    live = temp_dir / f"hydra-ray-jobs-{os.getppid()}-def"
+    live.mkdir()
+    other_kind = temp_dir / f"hydra-ray-cluster-{_dead_pid()}-ghi"
+    other_kind.mkdir()
+    no_pid = temp_dir / "hydra-ray-jobs-1pgiffrv"
+    no_pid.mkdir()
+    with scratch_dir("hydra-ray-jobs") as mine:
+        assert mine.is_dir() and mine.name.startswith(f"hydra-ray-jobs-{os.getpid()}-")
+        assert not dead.exists()
+        assert live.is_dir() and other_kind.is_dir() and no_pid.is_dir()
+        # This process's own dir is never stale to itself.
+        assert remove_stale("hydra-ray-jobs") == [] and mine.is_dir()
+    assert not mine.exists()
+
+
+def test_a_file_or_a_link_by_that_name_is_left_alone(temp_dir: Path) -> None:
+    pid = _dead_pid()
+    target = temp_dir / "elsewhere"
+    target.mkdir()
+    (temp_dir / f"hydra-ray-jobs-{pid}-link").symlink_to(target)
+    (temp_dir / f"hydra-ray-jobs-{pid}-file").write_text("")
+    assert remove_stale("hydra-ray-jobs") == []
+    assert target.is_dir() and (temp_dir / f"hydra-ray-jobs-{pid}-file").is_file()
