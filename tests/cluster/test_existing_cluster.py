@@ -3,7 +3,9 @@ with its own filesystem), through Ray Client (`ray://`): the jobs' configs are
 composed here, the jobs run there, and every job's outputs come home from the
 node that ran it, and only those."""
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import socket
@@ -16,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from ..cluster_harness.fake_hosts import (
     FakeHosts,
@@ -75,6 +78,26 @@ def _wait_until_ready(hosts: FakeHosts, address: str, env: dict[str, str]) -> No
             return
         assert time.monotonic() < deadline, res.stdout
         time.sleep(2)
+
+
+def _wait_until_idle(hosts: FakeHosts, address: str, tmp_path: Path) -> None:
+    """Until every CPU of the cluster is free again (a test's detached actor
+    may hold one for a while after its sweep), so that the next test's jobs
+    can go to both nodes."""
+    probe = (
+        "import ray, sys, time\n"
+        "ray.init(sys.argv[1])\n"
+        "deadline = time.monotonic() + 60\n"
+        "while ray.available_resources().get('CPU', 0) < ray.cluster_resources()['CPU']:\n"
+        "    assert time.monotonic() < deadline, ray.available_resources()\n"
+        "    time.sleep(0.5)\n"
+        "ray.shutdown()\n"
+    )
+    env = {**launcher_env(tmp_path), "RAY_AUTH_MODE": "disabled"}
+    res = hosts.run_in_netns(
+        [sys.executable, "-c", probe, f"ray://{address}"], env=env, timeout=120
+    )
+    assert res.returncode == 0, res.stdout
 
 
 def _sweep(
@@ -207,6 +230,9 @@ def test_the_files_of_a_job_s_recorded_attempt_win_over_its_failed_attempt_s(
         "fail_on_last_node=true",
         "hydra.launcher.retries=3",
     )
+    # The failed attempt's actor holds its node's CPU a while yet: the next
+    # test's jobs need both nodes.
+    _wait_until_idle(fake_hosts, running_cluster, tmp_path)
     sweep = tmp_path / "sweep"
     assert res.returncode == 0, res.stdout
     retried = [job for job in _jobs(sweep) if job["attempts"] != 1]
@@ -219,49 +245,69 @@ def test_the_files_of_a_job_s_recorded_attempt_win_over_its_failed_attempt_s(
     assert len(partial) == 1 and partial != [f"partial_from_{job['node']}"], partial
 
 
+@contextlib.contextmanager
+def _dashboard_port_alone(hosts: FakeHosts) -> Iterator[str]:
+    """The head's dashboard as this process reaches it: through one forwarded
+    port, as `kubectl port-forward` gives; this process is outside the hosts'
+    network, where SSH, GCS, Ray Client and the dashboard are out of its reach."""
+    head = hosts.address("head")
+    for port in (22, 6379, 10001, DASHBOARD):
+        with socket.socket() as probe:
+            assert probe.connect_ex((head, port)) != 0, port
+
+    def into_the_cluster() -> socket.socket:
+        return call_in_netns(hosts.name, lambda: socket.create_connection((head, DASHBOARD)))
+
+    with port_forward(0, connect=into_the_cluster) as port:
+        yield f"http://127.0.0.1:{port}"
+
+
+def _jobs_sweep(
+    tmp_path: Path, dashboard: str, *overrides: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """tests/apps/app.py through ray_jobs, run from this process; its sweep dir."""
+    app_dir = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps", app_dir)
+    launcher = ["hydra/launcher=ray_jobs", f"hydra.launcher.address={dashboard}"]
+    res = subprocess.run(
+        [sys.executable, "app.py", "--multirun", *overrides, *launcher, "hydra.sweep.dir=sweep"],
+        env={**launcher_env(tmp_path), "RAY_AUTH_MODE": "disabled", **(env or {})},
+        cwd=app_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    return res, app_dir / "sweep"
+
+
 def test_ray_jobs_runs_a_sweep_on_both_nodes_through_the_dashboard_port_alone(
     fake_hosts: FakeHosts, running_cluster: str, tmp_path: Path
 ) -> None:
     from ray.job_submission import JobSubmissionClient
 
     head, worker = (fake_hosts.address(h) for h in NODES)
-    # This process is outside the hosts' network: SSH, GCS, Ray Client and the
-    # dashboard are all out of its reach, ...
-    for port in (22, 6379, 10001, DASHBOARD):
-        with socket.socket() as probe:
-            assert probe.connect_ex((head, port)) != 0, port
-
-    def into_the_cluster() -> socket.socket:
-        return call_in_netns(fake_hosts.name, lambda: socket.create_connection((head, DASHBOARD)))
-
-    # ... but for one forwarded port, as `kubectl port-forward` gives.
-    app_dir = tmp_path / "app"
-    shutil.copytree(REPO / "tests" / "apps", app_dir)
-    with port_forward(0, connect=into_the_cluster) as port:
-        dashboard = f"http://127.0.0.1:{port}"
-        sweep_args = ["x=1,2,3,4", "seconds=2", "raise_on=[4]", "hydra.sweep.dir=sweep"]
-        launcher = ["hydra/launcher=ray_jobs", f"hydra.launcher.address={dashboard}"]
-        res = subprocess.run(
-            [sys.executable, "app.py", "--multirun", *sweep_args, *launcher],
-            env={**launcher_env(tmp_path), "RAY_AUTH_MODE": "disabled"},
-            cwd=app_dir,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=300,
+    with _dashboard_port_alone(fake_hosts) as dashboard:
+        res, sweep = _jobs_sweep(
+            tmp_path,
+            dashboard,
+            "x=1,2,3,4",
+            "seconds=2",
+            "raise_on=[4]",
+            # (Without SPREAD, Ray was seen to put all four on one node.)
+            "hydra.launcher.ray.remote.scheduling_strategy=SPREAD",
         )
         out = res.stdout
         assert res.returncode != 0, out  # job #3 raises
-        jobs = _jobs(app_dir / "sweep")
+        jobs = _jobs(sweep)
         assert [j["status"] for j in jobs] == ["succeeded"] * 3 + ["failed"], out
         assert "job 3 was told to raise" in out
-        # Ray places the jobs (seen: all on the head, all on the worker, or both).
-        assert {j["node"] for j in jobs} <= {head, worker}, jobs
+        assert {j["node"] for j in jobs} == {head, worker}, jobs
         # Every job's files are home, the worker's too, with their records.
         for num in range(4):
-            assert (app_dir / "sweep" / str(num) / ".hydra" / "config.yaml").is_file(), out
-            assert (app_dir / "sweep" / str(num) / f"done_{num}.json").is_file() == (num != 3)
-            assert (app_dir / "sweep" / ".hydra_ray" / f"job_{num}.pkl").is_file()
+            assert (sweep / str(num) / ".hydra" / "config.yaml").is_file(), out
+            assert (sweep / str(num) / f"done_{num}.json").is_file() == (num != 3)
+            assert (sweep / ".hydra_ray" / f"job_{num}.pkl").is_file()
         # And nothing is left on the nodes: the worker's copies went with the gather,
         # the head's (and the pack) with the cleanup job.
         cleanup = re.search(r"\(Ray job (\S+-cleanup), node", out)
@@ -277,3 +323,34 @@ def test_ray_jobs_runs_a_sweep_on_both_nodes_through_the_dashboard_port_alone(
         left = list(ray_tmp.glob("session_*/runtime_resources/working_dir_files/*/sweep/*/*"))
         assert left == [], (host, left)
         assert list(ray_tmp.glob("session_*/logs/hydra-app-*.tar")) == [], host
+
+
+def test_an_optuna_sweep_through_the_dashboard_port_alone_gets_every_return_value(
+    fake_hosts: FakeHosts, running_cluster: str, tmp_path: Path, optuna_sweeper: Path
+) -> None:
+    """Hydra's Optuna sweeper on this machine only (the hosts have no Optuna):
+    a batch of two trials, one on each node, their values reach Optuna."""
+    path = os.pathsep.join(p for p in (str(optuna_sweeper), os.environ.get("PYTHONPATH")) if p)
+    with _dashboard_port_alone(fake_hosts) as dashboard:
+        res, sweep = _jobs_sweep(
+            tmp_path,
+            dashboard,
+            "hydra/sweeper=optuna",
+            "x=choice(1,2,3)",
+            "seconds=2",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.n_jobs=2",
+            "hydra.sweeper.direction=minimize",
+            "hydra.launcher.ray.remote.scheduling_strategy=SPREAD",
+            env={"PYTHONPATH": path},
+        )
+    assert res.returncode == 0, res.stdout
+    jobs = _jobs(sweep)
+    assert {j["node"] for j in jobs} == set(map(fake_hosts.address, NODES)), jobs
+    xs = [int(next(o for o in j["overrides"] if o.startswith("x="))[2:]) for j in jobs]
+    values = [j["return_value"] for j in jobs]
+    assert len(values) == 2 and values == [10 * x for x in xs], res.stdout
+    results = OmegaConf.load(sweep / "optimization_results.yaml")
+    assert results.best_value == min(values) and results.best_params.x == min(xs)
+    for num in range(2):
+        assert (sweep / str(num) / f"done_{num}.json").is_file(), res.stdout
