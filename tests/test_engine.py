@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hydra.core.utils import JobStatus
 from hydra.test_utils.test_utils import TSweepRunner
 from omegaconf import DictConfig
 
@@ -58,6 +59,62 @@ def test_shared_state_is_unpickled_once_per_worker_not_per_job(
     # Each worker process that ran jobs unpickled the shared state exactly once.
     assert sorted(unpickled_by) == sorted(set(job_pids))
     assert len(unpickled_by) < len(job_pids)
+
+
+@pytest.mark.usefixtures("hydra_restore_singletons")
+def test_a_big_sweep_keeps_a_bounded_number_of_jobs_in_flight_and_loses_none(
+    ray_session: str,
+    hydra_sweep_runner: TSweepRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each turn of the engine's loop waits on what is in flight, never on the
+    whole sweep: with at most 5 in flight (the session's Ray has 2 CPUs), 40
+    jobs, four of them retried, all end, in order."""
+    import ray
+
+    from hydra_plugins.hydra_ray_launcher import _engine
+
+    monkeypatch.setattr(_engine, "IN_FLIGHT_MIN", 5)
+    waited_on: list[int] = []
+    real_wait = ray.wait
+
+    def wait(refs: list[Any], **kwargs: Any) -> Any:
+        waited_on.append(len(refs))
+        return real_wait(refs, **kwargs)
+
+    monkeypatch.setattr(ray, "wait", wait)
+
+    marks = tmp_path / "failed_once"
+    marks.mkdir()
+
+    def task(cfg: DictConfig) -> int:
+        mark = marks / str(cfg.a)
+        if cfg.a % 10 == 3 and not mark.exists():
+            mark.touch()
+            raise ValueError(f"job {cfg.a} fails its first attempt")
+        return int(cfg.a) * 2
+
+    sweep = hydra_sweep_runner(
+        calling_file=None,
+        calling_module="hydra.test_utils.a_module",
+        task_function=task,
+        config_path="configs",
+        config_name="compose.yaml",
+        overrides=["hydra/launcher=ray", "hydra.launcher.retries=1", "+a=range(0,40)"],
+        temp_dir=tmp_path / "sweep",
+    )
+    with sweep:
+        assert sweep.returns is not None
+        returns = sweep.returns[0]
+        assert [r.overrides for r in returns] == [[f"+a={n}"] for n in range(40)]
+        assert all(r.status == JobStatus.COMPLETED for r in returns)
+        assert [r.return_value for r in returns] == [2 * n for n in range(40)]
+        summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+        retried = [j["idx"] for j in summary["jobs"] if j["attempts"] == 2]
+        assert retried == [3, 13, 23, 33]
+        assert sorted(p.name for p in marks.iterdir()) == sorted(map(str, retried))
+    assert max(waited_on) == 5, waited_on
 
 
 def test_ray_init_kwargs_drop_nulls_and_rename_memory() -> None:

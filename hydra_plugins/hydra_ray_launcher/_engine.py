@@ -5,6 +5,7 @@ Used unchanged by the local launcher and by the driver that runs on a cluster's
 head. Ray is imported inside functions: Hydra imports this module at every start.
 """
 
+import collections
 import logging
 import time
 import uuid
@@ -181,16 +182,28 @@ def run_jobs(
         options = check_remote_options(remote)
         task = ray.remote(run_one_job_reporting)
     attempts = policy.retries + 1
+    # In flight: each attempt by its task's ref, and by (job, attempt number).
     running: dict[Any, _Attempt] = {}
+    by_number: dict[tuple[int, int], _Attempt] = {}
+    queued = collections.deque(jobs)
+    limit = in_flight_limit()
 
     def submit(job: Job, number: int, config: DictConfig | None) -> None:
         args = (shipped.key, [shipped.ref], job.idx, job.overrides, config, number, attempts)
         named = task.options(**options, name=f"hydra job #{job.idx}")
         ref = named.remote(*args) if board is None else named.remote(board, *args)
-        running[ref] = _Attempt(job, number, config)
+        running[ref] = by_number[job.idx, number] = _Attempt(job, number, config)
 
-    for job in jobs:
-        submit(job, 1, configs[job.idx] if configs else None)
+    def top_up() -> None:
+        while queued and len(running) < limit:
+            job = queued.popleft()
+            submit(job, 1, configs[job.idx] if configs else None)
+
+    def settled(ref: Any) -> _Attempt:
+        attempt = running.pop(ref)
+        del by_number[attempt.job.idx, attempt.number]
+        return attempt
+
     results: dict[int, JobOutcome] = {}
 
     def finish(outcome: JobOutcome) -> None:
@@ -211,14 +224,15 @@ def run_jobs(
     def started(item: JobStarted) -> None:
         if on_started is not None:
             on_started(item)
-        for attempt in running.values():
-            if (attempt.job.idx, attempt.number) == (item.idx, item.attempt):
-                attempt.started, attempt.node = time.monotonic(), item.node
-                attempt.node_id, attempt.job_dir = item.node_id, item.job_dir
-                attempt.pid = item.pid
-                progress.started(item.idx, item.node, item.attempt)
+        attempt = by_number.get((item.idx, item.attempt))
+        if attempt is not None:  # (Ray Client: its end may have come first)
+            attempt.started, attempt.node = time.monotonic(), item.node
+            attempt.node_id, attempt.job_dir = item.node_id, item.job_dir
+            attempt.pid = item.pid
+            progress.started(item.idx, item.node, item.attempt)
 
     try:
+        top_up()
         while running:
             wait_s = _wait_s(running, policy, poll=board is not None)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=wait_s)
@@ -233,7 +247,7 @@ def run_jobs(
                 if isinstance(item, JobStarted):
                     started(item)
                     continue
-                del running[ref]
+                settled(ref)
                 if item.task_raised and attempt.number < attempts:
                     progress.retrying(item, attempt.number + 1)
                     submit(attempt.job, attempt.number + 1, attempt.config)
@@ -241,13 +255,14 @@ def run_jobs(
                     finish(item)
             for ref, attempt in list(_overdue(running, policy)):
                 ray.cancel(ref, force=True)
-                del running[ref]
+                settled(ref)
                 finish(_timed_out(attempt, policy))
+            top_up()
     except BaseException as exc:
         # Whatever ends the run early (Ctrl-C, a bug, a lost connection), no job
         # is left running on the cluster.
         why = "Interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
-        log.warning(f"{why}: cancelling {len(running)} unfinished jobs")
+        log.warning(f"{why}: cancelling {len(running) + len(queued)} unfinished jobs")
         for ref in running:
             ray.cancel(ref, force=True)
         raise
@@ -255,6 +270,21 @@ def run_jobs(
         if board is not None:
             ray.kill(board)
     return [results[job.idx] for job in jobs]
+
+
+# At most this many attempts are submitted to Ray at a time (or twice the
+# cluster's CPUs, if more); the rest wait here, in order (Ray's "limit pending
+# tasks" pattern). Each turn of the loop, a ray.wait over what is in flight,
+# then costs the same whether the sweep has 20 jobs or 10,000, and a big
+# cluster still has work for every CPU and its autoscaler sees the demand.
+IN_FLIGHT_MIN = 1000
+
+
+def in_flight_limit() -> int:
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
+    return max(IN_FLIGHT_MIN, 2 * int(cpus))
 
 
 class StartBoard:
