@@ -2,6 +2,7 @@
 address, a cluster that wants a token, Ctrl-C while Ray starts. Each answer
 comes in seconds, with the reason, and leaves nothing running."""
 
+import json
 import os
 import secrets
 import shutil
@@ -210,3 +211,37 @@ def _client_server_logs(temp_dir: Path) -> str:
     """The head's Ray Client server logs: what a failure of the test above needs."""
     logs = sorted(temp_dir.glob("session_latest/logs/ray_client_server*"))
     return "".join(f"\n== {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in logs)
+
+
+def test_a_ray_started_here_with_ray_start_is_found_with_nothing_set(tmp_path: Path) -> None:
+    """The warm path: `ray start --head` with token authentication on this
+    machine, then sweeps with no address, no RAY_ADDRESS and no RAY_AUTH_MODE
+    (the token in ~/.ray/auth_token): each runs on that Ray, which stays up
+    for the next, and none starts a Ray of its own."""
+    token = secrets.token_hex(32)
+    home = _home(tmp_path, "home", token)
+    # This machine's temp root, where `ray start` says where it runs (as
+    # /tmp/ray does by default): private, so that no other Ray here finds it.
+    root = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    env = _env(home, RAY_TMPDIR=str(root))
+    try:
+        with ray_head({**env, "RAY_AUTH_MODE": "token"}, temp_dir=str(root / "ray")) as (_, sid):
+            for sweep in ("first", "second"):
+                out = tmp_path / sweep
+                res = run_app(
+                    "app.py",
+                    "x=1,2",
+                    f"out={out}",
+                    f"hydra.sweep.dir={tmp_path / 's' / sweep}",
+                    cwd=tmp_path,
+                    env=env,
+                    unset=FRESH_SHELL,
+                )
+                assert res.returncode == 0, res.output
+                assert "Started a local Ray instance" not in res.output
+                assert "requires a token: using this machine's" in res.output
+                ran_in = {json.loads(p.read_text())["sid"] for p in out.glob("done_*.json")}
+                assert ran_in == {sid}, res.output  # the jobs ran in that Ray's workers
+                assert processes_in_session(sid), "the Ray stopped with the sweep"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
