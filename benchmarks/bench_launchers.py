@@ -1,96 +1,197 @@
-"""Whole-process wall time of the same Hydra sweep under Hydra's `basic` launcher,
-the joblib launcher and our `ray` launcher, with ratios against `basic`.
+"""The same Hydra sweep under Hydra's `basic` launcher, the joblib launcher and
+our `ray` launcher (cold: it starts its own Ray; warm: a `ray start --head`
+already runs on this machine and is found with nothing set), side by side in
+one invocation, with ratios against `basic`.
 
 Run by hand, on an otherwise idle machine:
 
-    .venv/bin/python benchmarks/bench_launchers.py            # all scenarios, 3 runs each
-    .venv/bin/python benchmarks/bench_launchers.py --runs 5 --scenario sleep20
+    .venv/bin/python benchmarks/bench_launchers.py                  # every scenario, 1 run each
+    .venv/bin/python benchmarks/bench_launchers.py --runs 3 --scenario sleep20
+    .venv/bin/python benchmarks/bench_launchers.py --scenario trivial10000   # about an hour
 
-Also measures Ray's own fixed cost in the same invocation: a process that starts
-and shuts down a local Ray with the same `ray.init` options, and runs no job.
-`hydra-joblib-launcher` is installed into this interpreter if it is missing.
+For each launcher and sweep it prints the medians of: the whole process's wall
+time; the time from the process's start to the first job's start (for
+`basic`, which runs the first job as soon as it is handed the batch, that is
+Hydra's own start and validation, not ours); the jobs phase (first job's start
+to last job's end); and the launching process's peak RSS. Also measured in the
+same invocation: Ray's own fixed cost (a process that starts and shuts down a
+local Ray with the same `ray.init` options and runs no job) and the size of
+the composed configs a cluster launcher ships in its job spec at 10,000 jobs
+(built here, without a cluster). `hydra-joblib-launcher` is installed into
+this interpreter if it is missing.
 """
 
 import argparse
+import contextlib
 import importlib.util
+import os
+import pickle
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 APP = Path(__file__).with_name("app.py")
 
 SCENARIOS = {
-    "sleep20": ("20 jobs that each sleep 1 s", ["seconds=1", "i=range(0,20)"]),
-    "trivial1000": ("1000 trivial jobs", ["i=range(0,1000)"]),
     "trivial1": ("1 trivial job", ["i=0"]),
+    "sleep20": ("20 jobs that each sleep 1 s", ["seconds=1", "i=range(0,20)"]),
+    "trivial1000": ("1,000 trivial jobs", ["i=range(0,1000)"]),
+    "trivial10000": ("10,000 trivial jobs", ["i=range(0,10000)"]),
 }
+DEFAULT_SCENARIOS = ("trivial1", "sleep20", "trivial1000")
 LAUNCHERS = {
     "basic": ["hydra/launcher=basic"],
     "joblib": ["hydra/launcher=joblib"],
     "ray": ["hydra/launcher=ray"],
+    "ray warm": ["hydra/launcher=ray"],
 }
 
 
-def timed(cmd: list[str], cwd: Path) -> float:
-    started = time.perf_counter()
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    took = time.perf_counter() - started
+@dataclass
+class Run:
+    wall: float
+    to_first_job: float
+    jobs_phase: float
+    peak_rss: int
+
+
+def run_once(cmd: list[str], cwd: Path, env: dict[str, str]) -> Run:
+    times = Path(env["BENCH_TIMES"])
+    times.unlink(missing_ok=True)
+    started = time.time()
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
+    wall = time.time() - started
     if res.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    return took
+    rows = [line.split() for line in times.read_text().splitlines()]
+    jobs = [(float(a), float(b)) for kind, a, b in (r for r in rows if r[0] == "job")]
+    rss = [int(r[1]) for r in rows if r[0] == "rss"]
+    first = min(start for start, _ in jobs)
+    return Run(wall, first - started, max(end for _, end in jobs) - first, rss[-1])
 
 
-def median_of(runs: int, cmd: list[str], cwd: Path) -> float:
-    return statistics.median(timed(cmd, cwd) for _ in range(runs))
+def median_run(runs: int, cmd: list[str], cwd: Path, env: dict[str, str]) -> Run:
+    done = [run_once(cmd, cwd, env) for _ in range(runs)]
+    return Run(
+        statistics.median(r.wall for r in done),
+        statistics.median(r.to_first_job for r in done),
+        statistics.median(r.jobs_phase for r in done),
+        int(statistics.median(r.peak_rss for r in done)),
+    )
 
 
 def ray_fixed_cost(runs: int, init_options: list[str], cwd: Path) -> float:
     kwargs = ", ".join(f"{k}={v}" for k, v in (o.split("=", 1) for o in init_options))
     code = f"import ray\nray.init({kwargs})\nray.shutdown()\n"
-    return median_of(runs, [sys.executable, "-c", code], cwd)
+    walls = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], cwd=cwd, check=True, capture_output=True)
+        walls.append(time.perf_counter() - started)
+    return statistics.median(walls)
+
+
+@contextlib.contextmanager
+def warm_ray(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """`ray start --head` in a temp root of its own (RAY_TMPDIR, as /tmp/ray by
+    default): sweeps given the environment it yields find it with nothing set."""
+    root = tempfile.mkdtemp(prefix="rb", dir="/tmp")
+    env = {**env, "RAY_TMPDIR": root}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray = Path(sys.executable).parent / "ray"
+    head = subprocess.Popen(
+        [str(ray), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", f"--temp-dir={root}/ray"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        while not (Path(root) / "ray" / "ray_current_cluster").exists():
+            if head.poll() is not None:
+                sys.exit("ray start --head failed")
+            time.sleep(0.5)
+        time.sleep(3)  # its raylet registers shortly after
+        yield env
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)
+        subprocess.run(["rm", "-rf", root], check=False)
+
+
+def spec_configs_size(jobs: int, sample: int = 200) -> int:
+    """Bytes of the composed configs that a cluster launcher puts in its job
+    spec for `jobs` jobs: `sample` of them composed as Hydra composes them for a
+    sweep (with the hydra node), pickled together, scaled."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(APP.parent), version_base=None):
+        configs = {
+            n: compose("app", overrides=[f"i={n}"], return_hydra_config=True) for n in range(sample)
+        }
+    return len(pickle.dumps(configs)) * jobs // sample
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), action="append")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--scenario", choices=list(SCENARIOS), action="append")
+    parser.add_argument("--launcher", choices=list(LAUNCHERS), action="append")
     parser.add_argument(
         "--ray-init",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a ray.init() option, given to both our launcher and the fixed-cost run",
+        help="a ray.init() option, given to our cold launcher and the fixed-cost run",
     )
     args = parser.parse_args()
     if importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None:
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "-q", "hydra-joblib-launcher"], check=True
         )
+    launchers = args.launcher or list(LAUNCHERS)
     ray_overrides = [f"hydra.launcher.ray.init.{o}" for o in args.ray_init]
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         cwd = Path(scratch)
-        fixed = ray_fixed_cost(args.runs, args.ray_init, cwd)
-        print(
-            f"Ray's fixed cost (start + shut down, no jobs): {fixed:.2f} s (median of {args.runs})"
-        )
-        for name in args.scenario or list(SCENARIOS):
+        # (The warm Ray's workers have its environment, not the sweep's: both name the file.)
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "BENCH_TIMES": f"{cwd}/times.txt"}
+        warm_env = stack.enter_context(warm_ray(env)) if "ray warm" in launchers else env
+        fixed = ray_fixed_cost(max(args.runs, 3), args.ray_init, cwd)
+        print(f"Ray's fixed cost (start + shut down, no jobs): {fixed:.2f} s (median of 3)")
+        size = spec_configs_size(10_000)
+        print(f"Composed configs in a cluster job spec at 10,000 jobs: {size / 2**20:.0f} MiB")
+        for name in args.scenario or DEFAULT_SCENARIOS:
             title, sweep = SCENARIOS[name]
-            print(f"\n{title}: median wall of {args.runs} runs")
+            print(f"\n{title}: median of {args.runs} run(s)")
+            print(f"  {'':9s} {'wall':>9s} {'x basic':>8s} {'to 1st job':>11s} "
+                  f"{'jobs phase':>11s} {'peak RSS':>9s}")  # fmt: skip
             walls: dict[str, float] = {}
-            for launcher, overrides in LAUNCHERS.items():
+            for launcher in launchers:
                 extra = ray_overrides if launcher == "ray" else []
-                cmd = [sys.executable, str(APP), "--multirun", *sweep, *overrides, *extra]
-                walls[launcher] = median_of(args.runs, cmd, cwd)
-                ratio = walls[launcher] / walls["basic"]
-                print(f"  {launcher:7s} {walls[launcher]:8.2f} s   {ratio:5.2f} x basic")
-            net = walls["ray"] - fixed
-            print(
-                f"  ray net of Ray's fixed cost: {net:.2f} s; "
-                f"ray / joblib: {walls['ray'] / walls['joblib']:.2f}"
-            )
+                cmd = [sys.executable, str(APP), "--multirun", *sweep, *LAUNCHERS[launcher]]
+                run_env = warm_env if "warm" in launcher else env
+                run = median_run(args.runs, cmd + extra, cwd, run_env)
+                walls[launcher] = run.wall
+                ratio = f"{run.wall / walls['basic']:8.2f}" if "basic" in walls else f"{'':8s}"
+                print(
+                    f"  {launcher:9s} {run.wall:8.2f}s {ratio} {run.to_first_job:10.2f}s "
+                    f"{run.jobs_phase:10.2f}s {run.peak_rss / 2**20:6.0f} MiB"
+                )
+            if "ray" in walls:
+                print(f"  ray net of Ray's fixed cost: {walls['ray'] - fixed:.2f} s")
+            for ours in ("ray", "ray warm"):
+                if ours in walls and "joblib" in walls:
+                    print(f"  {ours} / joblib: {walls[ours] / walls['joblib']:.2f}")
 
 
 if __name__ == "__main__":
