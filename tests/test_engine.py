@@ -32,6 +32,20 @@ class UnpickleProbe:
             f.write(f"{os.getpid()}\n")
 
 
+def _sweep(runner: TSweepRunner, task: Any, tmp_path: Path, *overrides: str) -> Any:
+    """Hydra's test sweep of its `compose.yaml` app with `task`, on `ray`; its
+    sweep dir, under `tmp_path`, is removed when the sweep exits."""
+    return runner(
+        calling_file=None,
+        calling_module="hydra.test_utils.a_module",
+        task_function=task,
+        config_path="configs",
+        config_name="compose.yaml",
+        overrides=["hydra/launcher=ray", *overrides],
+        temp_dir=tmp_path / "sweep",
+    )
+
+
 @pytest.mark.usefixtures("hydra_restore_singletons")
 def test_shared_state_is_unpickled_once_per_worker_not_per_job(
     ray_session: str, hydra_sweep_runner: TSweepRunner, tmp_path: Path
@@ -42,15 +56,7 @@ def test_shared_state_is_unpickled_once_per_worker_not_per_job(
         assert probe.path  # the task function, and so the probe, is shared state
         return os.getpid()
 
-    sweep = hydra_sweep_runner(
-        calling_file=None,
-        calling_module="hydra.test_utils.a_module",
-        task_function=task,
-        config_path="configs",
-        config_name="compose.yaml",
-        overrides=["hydra/launcher=ray", "+a=0,1,2,3,4,5,6,7"],
-        temp_dir=tmp_path / "sweep",  # removed when the sweep exits
-    )
+    sweep = _sweep(hydra_sweep_runner, task, tmp_path, "+a=0,1,2,3,4,5,6,7")
     with sweep:
         assert sweep.returns is not None
         job_pids = [r.return_value for r in sweep.returns[0]]
@@ -95,15 +101,7 @@ def test_a_big_sweep_keeps_a_bounded_number_of_jobs_in_flight_and_loses_none(
             raise ValueError(f"job {cfg.a} fails its first attempt")
         return int(cfg.a) * 2
 
-    sweep = hydra_sweep_runner(
-        calling_file=None,
-        calling_module="hydra.test_utils.a_module",
-        task_function=task,
-        config_path="configs",
-        config_name="compose.yaml",
-        overrides=["hydra/launcher=ray", "hydra.launcher.retries=1", "+a=range(0,40)"],
-        temp_dir=tmp_path / "sweep",
-    )
+    sweep = _sweep(hydra_sweep_runner, task, tmp_path, "hydra.launcher.retries=1", "+a=range(0,40)")
     with sweep:
         assert sweep.returns is not None
         returns = sweep.returns[0]
