@@ -203,6 +203,11 @@ def ray_head(
             assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
             time.sleep(0.5)
         time.sleep(2)  # the raylet registers shortly after the GCS port opens
+        # `ray start` says where it runs (for `ray.init()` with no address) last.
+        said = Path(temp_dir) / "ray_current_cluster"
+        while not said.exists():
+            assert head.poll() is None and time.monotonic() < deadline + 60, "ray start failed"
+            time.sleep(0.5)
         yield f"localhost:{port}", head.pid
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its processes
