@@ -91,9 +91,10 @@ class JobSpec:
     remote: dict[str, Any]
     # The sweep output dir as the jobs will resolve it (relative to the head's cwd).
     sweep_dir: str
-    # Every job's config, composed on the launching machine: the app's config
-    # files are not on the cluster.
-    configs: Mapping[int, DictConfig]
+    # The app's config files are not on the cluster: the jobs compose their
+    # configs from the state's snapshot of them, or, where it cannot stand in,
+    # these were composed on the launching machine.
+    configs: Mapping[int, DictConfig] | None
     # Dir synced up with the user's code, relative to the head driver's working
     # dir or absolute: on every node's sys.path for the jobs.
     code_dir: str | None

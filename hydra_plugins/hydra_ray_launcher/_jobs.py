@@ -10,7 +10,7 @@ import sys
 import time
 import traceback
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ._snapshot import portable_context, why_not_portable
 from ._tracebacks import drop_chain, pack, unpack
 
 log = logging.getLogger(__name__)
@@ -41,13 +42,23 @@ class SweepState:
     # qualname): cloudpickle ships some by value (the app's script's, local ones),
     # naming their code "<dynamic-code>", and the jobs' tracebacks need the name.
     code_files: dict[tuple[str, str], str]
+    # Its config loader reads a snapshot of the launching machine's config sources.
+    portable: bool = False
 
 
 def capture_sweep_state(
-    hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    hydra_context: HydraContext,
+    task_function: TaskFunction,
+    config: DictConfig,
+    *,
+    portable: bool = False,
 ) -> SweepState:
+    """`portable`: for jobs on machines that lack the app's config files (a
+    cluster, Ray Client): the state's config loader reads a snapshot of this
+    machine's config sources, and each job composes its config where it runs;
+    nothing in the state grows with the number of jobs (see `composed_here`)."""
     return SweepState(
-        hydra_context=hydra_context,
+        hydra_context=portable_context(hydra_context) if portable else hydra_context,
         task_function=task_function,
         config=config,
         singleton_state=Singleton.get_state(),
@@ -56,7 +67,23 @@ def capture_sweep_state(
             (fn.__module__, fn.__qualname__): fn.__code__.co_filename
             for fn in _functions(task_function)
         },
+        portable=portable,
     )
+
+
+def composed_here(
+    hydra_context: HydraContext, config: DictConfig, jobs: Mapping[int, Sequence[str]]
+) -> dict[int, DictConfig] | None:
+    """For jobs on machines that lack the app's config files: their configs (by
+    job index; `jobs` gives the overrides) composed on this machine, where the
+    snapshot of a portable state cannot stand in (`why_not_portable`); None
+    where it can, and the jobs compose their own where they run."""
+    why = why_not_portable(config, list(jobs.values()))
+    if why is None:
+        return None
+    log.info(f"Composing the {len(jobs)} jobs' configs on this machine: {why}")
+    loader = hydra_context.config_loader
+    return {idx: loader.load_sweep_config(config, list(o)) for idx, o in jobs.items()}
 
 
 def dumps_for_cluster(obj: Any) -> bytes:
@@ -316,6 +343,10 @@ class _Prepared:
             with open_dict(config):
                 config.hydra.job.id = str(idx)  # a str field: Hydra 1.4 warns on an int
                 config.hydra.job.num = idx
+                if composed is None and state.portable:
+                    # As composed where the sweep was launched (get_original_cwd(), as
+                    # Hydra's launchers give it), not in this node's working dir.
+                    config.hydra.runtime.cwd = state.config.hydra.runtime.cwd
             HydraConfig.instance().set_config(config)
         except Exception as exc:  # composing the config failed: the job never runs
             config, error = None, exc

@@ -40,7 +40,7 @@ from ._head_driver import (
     JobSpec,
     load_outcomes,
 )
-from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state, dumps_for_cluster
+from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state, composed_here, dumps_for_cluster
 from ._records import RECORD_DIR, move_records_home, moved_home, read_record
 from ._redact import redacted
 from ._scratch import scratch_dir
@@ -601,12 +601,11 @@ def _stage(
             exclude=list(sync.exclude),
         )
         subprocess.run(cmd, check=True)
-    loader = launcher.hydra_context.config_loader
-    configs = {j.idx: loader.load_sweep_config(config, j.overrides) for j in current.to_run}
+    context, jobs = launcher.hydra_context, {j.idx: j.overrides for j in current.to_run}
     spec = JobSpec(
-        state=capture_sweep_state(launcher.hydra_context, launcher.task_function, config),
+        state=capture_sweep_state(context, launcher.task_function, config, portable=True),
         jobs=current.to_run,
-        configs=configs,
+        configs=composed_here(context, config, jobs),
         init=plain_dict(settings.ray.init),
         remote=plain_dict(settings.ray.remote),
         sweep_dir=str(book.sweep_dir),

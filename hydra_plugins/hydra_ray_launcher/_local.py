@@ -18,7 +18,7 @@ from hydra.core.utils import JobReturn, configure_log, setup_globals
 from . import _engine
 from ._connect import check_connection
 from ._gather import JobDirs, gather_outputs
-from ._jobs import JobOutcome, JobStarted, capture_sweep_state
+from ._jobs import JobOutcome, JobStarted, capture_sweep_state, composed_here
 from ._procs import descendants, kill_new_descendants
 from ._redact import redacted
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
@@ -88,20 +88,24 @@ def _run_here(
     config = launcher.config
     start_ray(init)
     _check_schedulable(remote, connected=bool(init.get("address") or os.environ.get("RAY_ADDRESS")))
-    if launcher.shipped is None or not launcher.shipped.is_current():
-        state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
-        launcher.shipped = _engine.ship_state(state)
+    # Other machines need not have the app's config files.
+    elsewhere = not _engine.single_machine()
+    shipped = launcher.shipped
+    if shipped is None or not shipped.is_current() or (elsewhere and not shipped.portable):
+        state = capture_sweep_state(
+            launcher.hydra_context, launcher.task_function, config, portable=elsewhere
+        )
+        launcher.shipped = shipped = _engine.ship_state(state)
     configs = None
-    if not _engine.single_machine():
-        # Other machines need not have the app's config files: compose here.
-        loader = launcher.hydra_context.config_loader
-        configs = {j.idx: loader.load_sweep_config(config, j.overrides) for j in current.to_run}
+    if elsewhere:
+        jobs = {j.idx: j.overrides for j in current.to_run}
+        configs = composed_here(launcher.hydra_context, config, jobs)
 
     def started(event: JobStarted) -> None:
         book.started_on[event.idx] = event.node
 
     return _engine.run_batch_here(
-        launcher.shipped,
+        shipped,
         current.to_run,
         remote,
         policy=book.settings.policy,

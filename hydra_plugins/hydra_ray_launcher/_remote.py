@@ -35,7 +35,7 @@ from ._head_driver import (
     gather_command,
     load_outcomes,
 )
-from ._jobs import JobOutcome, capture_sweep_state, dumps_for_cluster
+from ._jobs import JobOutcome, capture_sweep_state, composed_here, dumps_for_cluster
 from ._records import RECORD_DIR, move_records_home, moved_home
 from ._scratch import scratch_dir
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
@@ -104,11 +104,11 @@ def _job_spec(launcher: "RayAWSLauncher", book: SweepBook, current: Batch) -> Jo
     assert launcher.hydra_context is not None and launcher.task_function is not None
     config = launcher.config
     settings = config.hydra.launcher
-    loader = launcher.hydra_context.config_loader
+    context, jobs = launcher.hydra_context, {j.idx: j.overrides for j in current.to_run}
     return JobSpec(
-        state=capture_sweep_state(launcher.hydra_context, launcher.task_function, config),
+        state=capture_sweep_state(context, launcher.task_function, config, portable=True),
         jobs=current.to_run,
-        configs={j.idx: loader.load_sweep_config(config, j.overrides) for j in current.to_run},
+        configs=composed_here(context, config, jobs),
         init=plain_dict(settings.ray.init),
         remote=plain_dict(settings.ray.remote),
         sweep_dir=str(book.sweep_dir),
