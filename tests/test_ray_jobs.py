@@ -349,6 +349,22 @@ def test_an_address_that_is_no_dashboard_is_refused_with_the_launcher_to_use(
     assert "Submitted" not in res.output and "Uploading package" not in res.output
 
 
+@pytest.mark.parametrize("wait", ["-1", "inf", "soon"])
+def test_an_agent_wait_that_cannot_work_is_refused_with_its_key(tmp_path: Path, wait: str) -> None:
+    res = run_app(
+        "app.py",
+        "x=1",
+        "hydra/launcher=ray_jobs",
+        "hydra.launcher.address=http://127.0.0.1:1",
+        f"hydra.launcher.agent_wait_s={wait}",
+        cwd=tmp_path,
+        unset=FRESH_SHELL,
+    )
+    assert res.returncode != 0
+    assert "hydra.launcher.agent_wait_s=" in res.output, res.output
+    assert "Submitted" not in res.output and "Uploading package" not in res.output
+
+
 def test_a_package_over_ray_s_upload_limit_is_refused_before_the_upload(
     dashboard: str, tmp_path: Path
 ) -> None:
@@ -777,9 +793,12 @@ def test_a_dashboard_without_a_job_agent_is_named_after_a_short_wait(tmp_path: P
         taken.listen()
         port = free_port()
         with ray_head(env, dashboard_port=port, agent_port=taken.getsockname()[1]):
-            res = _sweep(f"http://127.0.0.1:{port}", tmp_path, "x=1")
+            res = _sweep(
+                f"http://127.0.0.1:{port}", tmp_path, "x=1", "hydra.launcher.agent_wait_s=5"
+            )
     assert res.returncode != 0
     # Asked again for a while, then named (not Ray's bare HTTP 500).
     assert "The cluster's job agent is not up yet: submitting again in 2 s" in res.output
     assert "has no job agent to run the sweep (it said" in res.output, res.output
+    assert "job' for 5 s)" in res.output and "raise hydra.launcher.agent_wait_s" in res.output
     assert "dashboard_agent.log" in res.output and "Submitted the sweep" not in res.output

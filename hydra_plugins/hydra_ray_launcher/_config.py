@@ -440,6 +440,9 @@ class RayJobsLauncherConf(SweepRunConf):
     # After Ctrl-C, seconds the stopped driver has to cancel the jobs and pack what
     # finished before Ray kills it (RAY_JOB_STOP_WAIT_TIME_S).
     stop_wait_s: int = 60
+    # Seconds to wait for the cluster's job agent when the dashboard answers "No
+    # available agent to submit job" (a head just up), before the launcher gives up.
+    agent_wait_s: float = 20
 
 
 def ray_pkg_version(name: str) -> str:

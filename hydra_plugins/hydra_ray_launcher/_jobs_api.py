@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -208,6 +209,14 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
         _dashboard(settings)
     except ConfigError as exc:
         problems.append(exc)
+    wait = settings.agent_wait_s
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
+        problems.append(
+            ConfigError(
+                f"hydra.launcher.agent_wait_s={wait} is not valid: set it to the seconds to "
+                "wait for the cluster's job agent to come up (a finite number >= 0)"
+            )
+        )
     source_dir = settings.sync_up.source_dir
     problems += source_dir_problems(source_dir)
     problems += storage_problems(settings.sync_down.storage)
@@ -307,6 +316,7 @@ def _run_as_ray_job(
         try:
             _submit(
                 client,
+                float(settings.agent_wait_s),
                 entrypoint=entrypoint,
                 submission_id=submission_id,
                 runtime_env=runtime_env,
@@ -541,11 +551,10 @@ def _reattach(
 # A cluster just started (or a KubeRay head just ready) may not have its job
 # agent yet: the dashboard answers 500 "No available agent to submit job".
 _NO_AGENT = "No available agent to submit job"
-_AGENT_WAIT_S = 20.0
 
 
-def _submit(client: Any, **job: Any) -> None:
-    deadline = time.monotonic() + _AGENT_WAIT_S
+def _submit(client: Any, wait_s: float, **job: Any) -> None:
+    deadline = None  # counted from the first "no agent": the upload before takes its time
     while True:
         try:
             client.submit_job(**job)
@@ -553,12 +562,14 @@ def _submit(client: Any, **job: Any) -> None:
         except RuntimeError as exc:
             if _NO_AGENT not in str(exc):
                 raise
-            if time.monotonic() > deadline:
+            deadline = deadline or time.monotonic() + wait_s
+            if time.monotonic() >= deadline:
                 raise DriverError(
                     f"The cluster's dashboard has no job agent to run the sweep (it said "
-                    f"{_NO_AGENT!r} for {_AGENT_WAIT_S:.0f} s): a head's dashboard agent "
+                    f"{_NO_AGENT!r} for {wait_s:g} s): a head's dashboard agent "
                     "that did not start (see dashboard_agent.log in its Ray log dir; a port "
-                    "taken by another Ray on that machine is a usual cause)"
+                    "taken by another Ray on that machine is a usual cause). A head that "
+                    "takes longer to start it: raise hydra.launcher.agent_wait_s"
                 ) from None
             log.info("The cluster's job agent is not up yet: submitting again in 2 s")
             time.sleep(2)
