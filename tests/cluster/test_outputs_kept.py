@@ -21,9 +21,10 @@ from .test_cluster_faults import RunningApp
 from .test_cluster_launcher import _cluster_yaml, _run_test_app
 
 MIB = 2**20
-# Two jobs of 40 MiB each, brought home at 4 MiB/s: ~20 s to interrupt them in.
-JOB_MIB = 40
-SLOW_KIB_S = 4096
+# Two jobs of 12 MiB each, brought home at 1 MiB/s: ~24 s to interrupt them in
+# (small: every copy of them on the way, worker to head to here, costs time).
+JOB_MIB = 12
+SLOW_KIB_S = 1024
 
 
 def _slow_rsync_env(tmp_path: Path) -> dict[str, str]:
