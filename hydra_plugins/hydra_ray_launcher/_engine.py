@@ -43,8 +43,6 @@ class ShippedState:
     key: str
     ref: Any  # ray.ObjectRef of the cloudpickled SweepState
     ray_job_id: str  # refs are valid only while this Ray connection lives
-    # Its jobs compose their configs without this machine's config files.
-    portable: bool = False
 
     def is_current(self) -> bool:
         import ray
@@ -62,7 +60,6 @@ def ship_state(state: SweepState) -> ShippedState:
         key=uuid.uuid4().hex,
         ref=ray.put(dumps_for_cluster(state)),
         ray_job_id=ray.get_runtime_context().get_job_id(),
-        portable=state.portable,
     )
 
 

@@ -42,23 +42,18 @@ class SweepState:
     # qualname): cloudpickle ships some by value (the app's script's, local ones),
     # naming their code "<dynamic-code>", and the jobs' tracebacks need the name.
     code_files: dict[tuple[str, str], str]
-    # Its config loader reads a snapshot of the launching machine's config sources.
-    portable: bool = False
 
 
 def capture_sweep_state(
-    hydra_context: HydraContext,
-    task_function: TaskFunction,
-    config: DictConfig,
-    *,
-    portable: bool = False,
+    hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
 ) -> SweepState:
-    """`portable`: for jobs on machines that lack the app's config files (a
-    cluster, Ray Client): the state's config loader reads a snapshot of this
-    machine's config sources, and each job composes its config where it runs;
-    nothing in the state grows with the number of jobs (see `composed_here`)."""
+    """The state's config loader reads a snapshot of this machine's config
+    sources: each job composes its config where it runs, also on machines that
+    lack the app's config files (a cluster, Ray Client), and quicker than from
+    the files; nothing in the state grows with the number of jobs (where a
+    snapshot cannot stand in on other machines: `composed_here`)."""
     return SweepState(
-        hydra_context=portable_context(hydra_context) if portable else hydra_context,
+        hydra_context=portable_context(hydra_context),
         task_function=task_function,
         config=config,
         singleton_state=Singleton.get_state(),
@@ -67,7 +62,6 @@ def capture_sweep_state(
             (fn.__module__, fn.__qualname__): fn.__code__.co_filename
             for fn in _functions(task_function)
         },
-        portable=portable,
     )
 
 
@@ -76,7 +70,7 @@ def composed_here(
 ) -> dict[int, DictConfig] | None:
     """For jobs on machines that lack the app's config files: their configs (by
     job index; `jobs` gives the overrides) composed on this machine, where the
-    snapshot of a portable state cannot stand in (`why_not_portable`); None
+    snapshot in the sweep state cannot stand in (`why_not_portable`); None
     where it can, and the jobs compose their own where they run."""
     why = why_not_portable(config, list(jobs.values()))
     if why is None:
@@ -343,7 +337,7 @@ class _Prepared:
             with open_dict(config):
                 config.hydra.job.id = str(idx)  # a str field: Hydra 1.4 warns on an int
                 config.hydra.job.num = idx
-                if composed is None and state.portable:
+                if composed is None:
                     # As composed where the sweep was launched (get_original_cwd(), as
                     # Hydra's launchers give it), not in this node's working dir.
                     config.hydra.runtime.cwd = state.config.hydra.runtime.cwd

@@ -614,7 +614,7 @@ def _stage(
         subprocess.run(cmd, check=True)
     context, jobs = launcher.hydra_context, {j.idx: j.overrides for j in current.to_run}
     spec = JobSpec(
-        state=capture_sweep_state(context, launcher.task_function, config, portable=True),
+        state=capture_sweep_state(context, launcher.task_function, config),
         jobs=current.to_run,
         configs=composed_here(context, config, jobs),
         init=plain_dict(settings.ray.init),

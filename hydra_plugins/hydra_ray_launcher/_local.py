@@ -88,16 +88,12 @@ def _run_here(
     config = launcher.config
     start_ray(init)
     _check_schedulable(remote, connected=bool(init.get("address") or os.environ.get("RAY_ADDRESS")))
-    # Other machines need not have the app's config files.
-    elsewhere = not _engine.single_machine()
-    shipped = launcher.shipped
-    if shipped is None or not shipped.is_current() or (elsewhere and not shipped.portable):
-        state = capture_sweep_state(
-            launcher.hydra_context, launcher.task_function, config, portable=elsewhere
-        )
-        launcher.shipped = shipped = _engine.ship_state(state)
+    if launcher.shipped is None or not launcher.shipped.is_current():
+        state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
+        launcher.shipped = _engine.ship_state(state)
     configs = None
-    if elsewhere:
+    if not _engine.single_machine():
+        # Other machines need not have the app's config files.
         jobs = {j.idx: j.overrides for j in current.to_run}
         configs = composed_here(launcher.hydra_context, config, jobs)
 
@@ -105,7 +101,7 @@ def _run_here(
         book.started_on[event.idx] = event.node
 
     return _engine.run_batch_here(
-        shipped,
+        launcher.shipped,
         current.to_run,
         remote,
         policy=book.settings.policy,

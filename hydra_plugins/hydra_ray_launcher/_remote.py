@@ -106,7 +106,7 @@ def _job_spec(launcher: "RayAWSLauncher", book: SweepBook, current: Batch) -> Jo
     settings = config.hydra.launcher
     context, jobs = launcher.hydra_context, {j.idx: j.overrides for j in current.to_run}
     return JobSpec(
-        state=capture_sweep_state(context, launcher.task_function, config, portable=True),
+        state=capture_sweep_state(context, launcher.task_function, config),
         jobs=current.to_run,
         configs=composed_here(context, config, jobs),
         init=plain_dict(settings.ray.init),

@@ -9,6 +9,7 @@ imports the launchers, and they import this.
 """
 
 import copy
+import functools
 import os
 import pickle
 import warnings
@@ -36,6 +37,8 @@ class _Tree:
     groups: frozenset[str]
     configs: Mapping[str, ConfigResult]
     unreadable: Mapping[str, Exception]
+    # Groups whose listing raised (Hydra 1.4 on a `.yml` file in it), with what.
+    unlistable: Mapping[str, Exception]
 
 
 class SnapshotConfigSource(ConfigSource):
@@ -83,6 +86,8 @@ class SnapshotConfigSource(ConfigSource):
 
     def list(self, config_path: str, results_filter: ObjectType | None) -> list[str]:
         parent = _key(config_path)
+        if parent in self._tree.unlistable:
+            raise copy.copy(self._tree.unlistable[parent])
         names: set[str] = set()
         if results_filter in (None, ObjectType.GROUP):
             names.update(
@@ -114,29 +119,35 @@ def _read(source: ConfigSource) -> _Tree:
 
 def _read_all(source: ConfigSource) -> _Tree:
     if not source.available():
-        return _Tree(False, frozenset(), {}, {})
-    groups, configs, unreadable = {""}, {}, {}
+        return _Tree(False, frozenset(), {}, {}, {})
+    groups, configs, unreadable, unlistable = {""}, {}, {}, {}
     todo = [""]
     while todo:
         group = todo.pop()
         depth = group.count("/") + 1 if group else 0
-        for name in source.list(group, ObjectType.GROUP):
+        try:
+            subgroups = source.list(group, ObjectType.GROUP)
+            names = source.list(group, ObjectType.CONFIG)
+        except Exception as exc:  # whatever listing it raised: raised if a job lists it
+            unlistable[group] = _portable(exc)
+            continue
+        for name in subgroups:
             path = f"{group}/{name}" if group else name
             if depth < _MAX_DEPTH and path not in groups:
                 groups.add(path)
                 todo.append(path)
-        for name in source.list(group, ObjectType.CONFIG):
+        for name in names:
             path = f"{group}/{name}" if group else name
             # A name listed without its extension: x.yaml, or x.yml (Hydra < 1.2 reads
             # those when named with it).
-            if not source.is_config(path) and source.is_config(f"{path}.yml"):
+            if not source.is_config(path) and _is_config(source, f"{path}.yml"):
                 path += ".yml"
             key = _key(source._normalize_file_name(path))
             try:
                 configs[key] = source.load_config(path)
             except Exception as exc:  # whatever reading it raised: raised if a job uses it
                 unreadable[key] = _portable(exc)
-    return _Tree(True, frozenset(groups), configs, unreadable)
+    return _Tree(True, frozenset(groups), configs, unreadable, unlistable)
 
 
 def _portable(exc: Exception) -> Exception:
@@ -147,6 +158,13 @@ def _portable(exc: Exception) -> Exception:
     except Exception:  # whatever its own pickling raises
         return ConfigLoadError(f"{type(exc).__name__}: {exc}")
     return exc
+
+
+def _is_config(source: ConfigSource, path: str) -> bool:
+    try:
+        return source.is_config(path)
+    except ConfigLoadError:  # Hydra 1.4 refuses the extension
+        return False
 
 
 def why_not_portable(config: DictConfig, job_overrides: Sequence[Sequence[str]]) -> str | None:
@@ -166,11 +184,19 @@ def why_not_portable(config: DictConfig, job_overrides: Sequence[Sequence[str]])
 
 def portable_context(hydra_context: HydraContext) -> HydraContext:
     """A copy of `hydra_context` whose config loader reads every config from a
-    snapshot of this machine's sources (the ConfigStore's travel with Hydra's
-    singletons, so structured sources stay as they are)."""
+    snapshot of this machine's sources. Structured sources read the ConfigStore,
+    which travels with Hydra's singletons: they stay, shared by every compose."""
     loader = copy.deepcopy(hydra_context.config_loader)
     sources = loader.get_sources()
-    sources[:] = [
-        s if s.scheme() == "structured" else SnapshotConfigSource(s, _read(s)) for s in sources
-    ]
+    for n, source in enumerate(sources):
+        if source.scheme() == "structured":
+            # Hydra copies each source at every compose, this one with the whole
+            # ConfigStore (9 ms a job here); it only reads the store, whose loads copy.
+            source.__deepcopy__ = functools.partial(_itself, source)  # type: ignore[attr-defined]
+        else:
+            sources[n] = SnapshotConfigSource(source, _read(source))
     return HydraContext(config_loader=loader, callbacks=hydra_context.callbacks)
+
+
+def _itself(source: ConfigSource, memo: dict[int, Any]) -> ConfigSource:
+    return source
