@@ -1,8 +1,10 @@
 """The app every launcher runs in the benchmark: sleeps `seconds`, returns `i`.
 
-With BENCH_TIMES set, each job appends its start and end (time.time()) to
-that file, and the launching process appends its peak RSS (bytes) at exit:
-the benchmark reads both from there."""
+With BENCH_TIMES set, each job appends its start and end (time.time()), its
+process and that process's CPU time so far to that file, and the launching
+process appends its peak RSS (bytes) at exit: the benchmark reads both from
+there (between two jobs in one worker process, the CPU time it spent is what
+one job costs there, the launcher's work around it included)."""
 
 import atexit
 import os
@@ -19,7 +21,7 @@ def main(cfg: DictConfig) -> int:
         time.sleep(cfg.seconds)
     if os.environ.get("BENCH_TIMES"):
         with open(os.environ["BENCH_TIMES"], "a") as f:
-            f.write(f"job {started} {time.time()}\n")
+            f.write(f"job {started} {time.time()} {os.getpid()} {time.process_time()}\n")
     return int(cfg.i)
 
 

@@ -10,22 +10,27 @@ Run by hand, on an otherwise idle machine:
     .venv/bin/python benchmarks/bench_launchers.py --scenario trivial10000   # about an hour
 
 For each launcher and sweep it prints the medians of: the whole process's wall
-time; the time from the process's start to the first job's start (for
-`basic`, which runs the first job as soon as it is handed the batch, that is
-Hydra's own start and validation, not ours); the jobs phase (first job's start
-to last job's end); and the launching process's peak RSS. Also measured in the
-same invocation: Ray's own fixed cost (a process that starts and shuts down a
-local Ray with the same `ray.init` options and runs no job) and the size of
-the composed configs a cluster launcher ships in its job spec at 10,000 jobs
-(built here, without a cluster). `hydra-joblib-launcher` is installed into
-this interpreter if it is missing.
+time; the time from the process's start to the launcher's `launch()` (Hydra's
+own start and its sweeper's validation, which composes every job's config:
+not the launcher's); from `launch()` to the first job's start; the jobs phase
+(first job's start to last job's end); the launching process's peak RSS; and
+the CPU time a worker process spends per job (between two of its jobs: the
+launcher's own work around the job included; `basic` runs the jobs in the
+launching process).
+Also measured in the same invocation: Ray's own fixed cost (a process that
+starts and shuts down a local Ray with the same `ray.init` options and runs no
+job) and the size of the job spec a cluster launcher ships at 10,000 jobs
+(built here, without a cluster), against the spec that carried every job's
+composed config.
+`hydra-joblib-launcher` is installed into this interpreter if it is missing.
 """
 
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import os
-import pickle
+import re
 import signal
 import socket
 import statistics
@@ -35,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 APP = Path(__file__).with_name("app.py")
@@ -57,9 +63,28 @@ LAUNCHERS = {
 @dataclass
 class Run:
     wall: float
+    # From the process's start to the launcher's launch() (Hydra's start and
+    # its sweeper's validation: not the launcher's), and from there to the first job.
+    to_launch: float
     to_first_job: float
     jobs_phase: float
     peak_rss: int
+    # CPU seconds a worker process spends per job (median between its jobs); None:
+    # no worker ran two jobs.
+    job_cpu: float | None
+
+
+# The launchers' first line in launch() (basic: "Launching 20 jobs locally";
+# joblib: "Joblib.Parallel(...) is launching 20 jobs"; ours: "Ray Launcher is
+# launching 20 jobs, ..."), stamped by Hydra's log format.
+_LAUNCHING = re.compile(r"^\[([0-9-]+ [0-9:]+,[0-9]{3})\]\[HYDRA\] .*[Ll]aunching \d+ jobs", re.M)
+
+
+def _launched_at(output: str) -> float:
+    found = _LAUNCHING.search(output)
+    if found is None:
+        sys.exit(f"no launch() line in the app's output:\n{output[-2000:]}")
+    return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def run_once(cmd: list[str], cwd: Path, env: dict[str, str]) -> Run:
@@ -71,19 +96,34 @@ def run_once(cmd: list[str], cwd: Path, env: dict[str, str]) -> Run:
     if res.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
     rows = [line.split() for line in times.read_text().splitlines()]
-    jobs = [(float(a), float(b)) for kind, a, b in (r for r in rows if r[0] == "job")]
+    jobs = [(float(r[1]), float(r[2])) for r in rows if r[0] == "job"]
+    cpu_by_pid: dict[str, list[float]] = {}
+    for r in rows:
+        if r[0] == "job":
+            cpu_by_pid.setdefault(r[3], []).append(float(r[4]))
+    deltas = [b - a for cpu in cpu_by_pid.values() for a, b in itertools.pairwise(sorted(cpu))]
     rss = [int(r[1]) for r in rows if r[0] == "rss"]
     first = min(start for start, _ in jobs)
-    return Run(wall, first - started, max(end for _, end in jobs) - first, rss[-1])
+    launched = _launched_at(res.stdout + res.stderr)
+    return Run(
+        wall,
+        launched - started,
+        first - launched,
+        max(end for _, end in jobs) - first,
+        rss[-1],
+        statistics.median(deltas) if deltas else None,
+    )
 
 
 def median_run(runs: int, cmd: list[str], cwd: Path, env: dict[str, str]) -> Run:
     done = [run_once(cmd, cwd, env) for _ in range(runs)]
     return Run(
         statistics.median(r.wall for r in done),
+        statistics.median(r.to_launch for r in done),
         statistics.median(r.to_first_job for r in done),
         statistics.median(r.jobs_phase for r in done),
         int(statistics.median(r.peak_rss for r in done)),
+        done[len(done) // 2].job_cpu,
     )
 
 
@@ -129,17 +169,56 @@ def warm_ray(env: dict[str, str]) -> Iterator[dict[str, str]]:
         subprocess.run(["rm", "-rf", root], check=False)
 
 
-def spec_configs_size(jobs: int, sample: int = 200) -> int:
-    """Bytes of the composed configs that a cluster launcher puts in its job
-    spec for `jobs` jobs: `sample` of them composed as Hydra composes them for a
-    sweep (with the hydra node), pickled together, scaled."""
-    from hydra import compose, initialize_config_dir
+def job_spec_sizes(jobs: int, sample: int = 200) -> tuple[int, int]:
+    """Bytes of the job spec a cluster launcher ships for `jobs` jobs of the
+    app, built here as the launcher builds it (no cluster): as it is, and with
+    every job's config composed on this machine (the design before the config
+    snapshot; `sample` of them composed, the size scaled)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext, RunMode
+
+    from hydra_plugins.hydra_ray_launcher._engine import Job, Policy
+    from hydra_plugins.hydra_ray_launcher._head_driver import JobSpec
+    from hydra_plugins.hydra_ray_launcher._jobs import (
+        capture_sweep_state,
+        composed_here,
+        dumps_for_cluster,
+    )
+
+    def task(cfg: object) -> None:
+        pass
+
+    def spec(n: int, composed: bool) -> int:
+        batch = [Job(i, [f"i={i}"]) for i in range(n)]
+        overrides = {j.idx: j.overrides for j in batch}
+        return len(
+            dumps_for_cluster(
+                JobSpec(
+                    state=capture_sweep_state(context, task, master),
+                    jobs=batch,
+                    configs=(
+                        {i: loader.load_sweep_config(master, o) for i, o in overrides.items()}
+                        if composed
+                        else composed_here(context, master, overrides)
+                    ),
+                    init={},
+                    remote={},
+                    sweep_dir="multirun",
+                    code_dir=None,
+                    policy=Policy(),
+                    live=False,
+                    width=None,
+                    already_done=0,
+                )
+            )
+        )
 
     with initialize_config_dir(str(APP.parent), version_base=None):
-        configs = {
-            n: compose("app", overrides=[f"i={n}"], return_hydra_config=True) for n in range(sample)
-        }
-    return len(pickle.dumps(configs)) * jobs // sample
+        loader = GlobalHydra.instance().config_loader()
+        context = HydraContext(config_loader=loader, callbacks=None)  # type: ignore[arg-type]
+        master = loader.load_configuration("app", [], run_mode=RunMode.MULTIRUN)
+        return spec(jobs, composed=False), spec(sample, composed=True) * jobs // sample
 
 
 def main() -> None:
@@ -168,13 +247,17 @@ def main() -> None:
         warm_env = stack.enter_context(warm_ray(env)) if "ray warm" in launchers else env
         fixed = ray_fixed_cost(max(args.runs, 3), args.ray_init, cwd)
         print(f"Ray's fixed cost (start + shut down, no jobs): {fixed:.2f} s (median of 3)")
-        size = spec_configs_size(10_000)
-        print(f"Composed configs in a cluster job spec at 10,000 jobs: {size / 2**20:.0f} MiB")
+        size, composed = job_spec_sizes(10_000)
+        print(
+            f"Cluster job spec at 10,000 jobs: {size / 2**20:.1f} MiB (with every config "
+            f"composed here: {composed / 2**20:.0f} MiB, {composed / size:.0f}x)"
+        )
         for name in args.scenario or DEFAULT_SCENARIOS:
             title, sweep = SCENARIOS[name]
             print(f"\n{title}: median of {args.runs} run(s)")
-            print(f"  {'':9s} {'wall':>9s} {'x basic':>8s} {'to 1st job':>11s} "
-                  f"{'jobs phase':>11s} {'peak RSS':>9s}")  # fmt: skip
+            print(f"  {'':9s} {'wall':>9s} {'x basic':>8s} {'to launch()':>12s} "
+                  f"{'to 1st job':>11s} {'jobs phase':>11s} {'peak RSS':>9s} "
+                  f"{'CPU/job':>9s}")  # fmt: skip
             walls: dict[str, float] = {}
             for launcher in launchers:
                 extra = ray_overrides if launcher == "ray" else []
@@ -184,8 +267,10 @@ def main() -> None:
                 walls[launcher] = run.wall
                 ratio = f"{run.wall / walls['basic']:8.2f}" if "basic" in walls else f"{'':8s}"
                 print(
-                    f"  {launcher:9s} {run.wall:8.2f}s {ratio} {run.to_first_job:10.2f}s "
-                    f"{run.jobs_phase:10.2f}s {run.peak_rss / 2**20:6.0f} MiB"
+                    f"  {launcher:9s} {run.wall:8.2f}s {ratio} {run.to_launch:11.2f}s "
+                    f"{run.to_first_job:10.2f}s {run.jobs_phase:10.2f}s "
+                    f"{run.peak_rss / 2**20:6.0f} MiB "
+                    + (f"{run.job_cpu * 1000:6.1f} ms" if run.job_cpu is not None else "")
                 )
             if "ray" in walls:
                 print(f"  ray net of Ray's fixed cost: {walls['ray'] - fixed:.2f} s")
