@@ -200,7 +200,7 @@ def test_a_ray_client_server_that_fails_to_start_a_server_once_is_tried_again(
         head_logs = _client_server_logs(Path(head_temp))
     finally:
         shutil.rmtree(head_temp, ignore_errors=True)
-    assert marker.exists()  # the fault did strike
+    assert marker.exists(), "the fault did not strike:\n" + res.output + head_logs
     assert res.returncode == 0, res.output + head_logs
     assert "could not start a server for this client (try 1 of 4)" in res.output
     assert "2 jobs done" in res.output
