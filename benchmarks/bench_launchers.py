@@ -182,6 +182,7 @@ def job_spec_sizes(jobs: int, sample: int = 200) -> tuple[int, int]:
     from hydra_plugins.hydra_ray_launcher._head_driver import JobSpec
     from hydra_plugins.hydra_ray_launcher._jobs import (
         capture_sweep_state,
+        compose_each,
         composed_here,
         dumps_for_cluster,
     )
@@ -191,16 +192,15 @@ def job_spec_sizes(jobs: int, sample: int = 200) -> tuple[int, int]:
 
     def spec(n: int, composed: bool) -> int:
         batch = [Job(i, [f"i={i}"]) for i in range(n)]
-        overrides = {j.idx: j.overrides for j in batch}
         return len(
             dumps_for_cluster(
                 JobSpec(
                     state=capture_sweep_state(context, task, master),
                     jobs=batch,
                     configs=(
-                        {i: loader.load_sweep_config(master, o) for i, o in overrides.items()}
+                        compose_each(context, master, batch)
                         if composed
-                        else composed_here(context, master, overrides)
+                        else composed_here(context, master, batch)
                     ),
                     init={},
                     remote={},

@@ -107,6 +107,31 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
     _the_cluster_keeps_nothing(dashboard, out)
 
 
+def test_configs_the_cluster_cannot_compose_are_composed_here_and_travel(
+    dashboard: str, tmp_path: Path
+) -> None:
+    """hydra.job.env_copy copies variables of the environment that composes a
+    job's config: this machine's (the cluster's lacks this one, and composing
+    there would fail), so the jobs' configs are composed here."""
+    res = run_app(
+        "app.py",
+        "x=1,2",
+        "hydra.job.env_copy=[HYDRA_RAY_TEST_ANSWER]",
+        "returns=[${oc.env:HYDRA_RAY_TEST_ANSWER}]",
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address={dashboard}",
+        "hydra.sweep.dir=sweep",
+        cwd=tmp_path,
+        env={**USER_ENV, "HYDRA_RAY_TEST_ANSWER": "42"},
+        unset=FRESH_SHELL[1:],
+        timeout=300,
+    )
+    assert res.returncode == 0, res.output
+    assert "Composing the 2 jobs' configs on this machine: hydra.job.env_copy is set" in res.output
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    assert [j["return_value"] for j in summary["jobs"]] == ["42", 20]
+
+
 def _the_cluster_keeps_nothing(dashboard: str, out: str) -> None:
     from ray.job_submission import JobSubmissionClient
 

@@ -18,6 +18,7 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_plugins.hydra_ray_launcher._engine import Job
 from hydra_plugins.hydra_ray_launcher._jobs import composed_here
 from hydra_plugins.hydra_ray_launcher._snapshot import portable_context, why_not_portable
 
@@ -148,7 +149,7 @@ def test_where_a_snapshot_cannot_stand_in_every_config_is_composed_here(
     hydra_context: HydraContext,
 ) -> None:
     master = _master(hydra_context)
-    jobs = {0: ["db=postgres"], 1: ["lr=0.5"]}
+    jobs = [Job(0, ["db=postgres"]), Job(1, ["lr=0.5"])]
     assert composed_here(hydra_context, master, jobs) is None
     searched = hydra_context.config_loader.load_configuration(
         "config", overrides=["hydra.searchpath=[pkg://hydra.conf]"], run_mode=RunMode.MULTIRUN

@@ -10,9 +10,9 @@ import sys
 import time
 import traceback
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
@@ -23,6 +23,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ._snapshot import portable_context, why_not_portable
 from ._tracebacks import drop_chain, pack, unpack
+
+if TYPE_CHECKING:
+    from ._engine import Job  # which imports this module
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +69,25 @@ def capture_sweep_state(
 
 
 def composed_here(
-    hydra_context: HydraContext, config: DictConfig, jobs: Mapping[int, Sequence[str]]
+    hydra_context: HydraContext, config: DictConfig, jobs: "Sequence[Job]"
 ) -> dict[int, DictConfig] | None:
-    """For jobs on machines that lack the app's config files: their configs (by
-    job index; `jobs` gives the overrides) composed on this machine, where the
-    snapshot in the sweep state cannot stand in (`why_not_portable`); None
-    where it can, and the jobs compose their own where they run."""
-    why = why_not_portable(config, list(jobs.values()))
+    """For jobs on machines that lack the app's config files: their configs
+    composed on this machine, where the snapshot in the sweep state cannot
+    stand in (`why_not_portable`); None where it can, and the jobs compose
+    their own where they run."""
+    why = why_not_portable(config, [j.overrides for j in jobs])
     if why is None:
         return None
     log.info(f"Composing the {len(jobs)} jobs' configs on this machine: {why}")
+    return compose_each(hydra_context, config, jobs)
+
+
+def compose_each(
+    hydra_context: HydraContext, config: DictConfig, jobs: "Sequence[Job]"
+) -> dict[int, DictConfig]:
+    """Every job's config (by job index), composed here."""
     loader = hydra_context.config_loader
-    return {idx: loader.load_sweep_config(config, list(o)) for idx, o in jobs.items()}
+    return {j.idx: loader.load_sweep_config(config, j.overrides) for j in jobs}
 
 
 def dumps_for_cluster(obj: Any) -> bytes:

@@ -612,11 +612,11 @@ def _stage(
             exclude=list(sync.exclude),
         )
         subprocess.run(cmd, check=True)
-    context, jobs = launcher.hydra_context, {j.idx: j.overrides for j in current.to_run}
+    context = launcher.hydra_context
     spec = JobSpec(
         state=capture_sweep_state(context, launcher.task_function, config),
         jobs=current.to_run,
-        configs=composed_here(context, config, jobs),
+        configs=composed_here(context, config, current.to_run),
         init=plain_dict(settings.ray.init),
         remote=plain_dict(settings.ray.remote),
         sweep_dir=str(book.sweep_dir),

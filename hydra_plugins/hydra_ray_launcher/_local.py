@@ -94,8 +94,7 @@ def _run_here(
     configs = None
     if not _engine.single_machine():
         # Other machines need not have the app's config files.
-        jobs = {j.idx: j.overrides for j in current.to_run}
-        configs = composed_here(launcher.hydra_context, config, jobs)
+        configs = composed_here(launcher.hydra_context, config, current.to_run)
 
     def started(event: JobStarted) -> None:
         book.started_on[event.idx] = event.node

@@ -104,11 +104,11 @@ def _job_spec(launcher: "RayAWSLauncher", book: SweepBook, current: Batch) -> Jo
     assert launcher.hydra_context is not None and launcher.task_function is not None
     config = launcher.config
     settings = config.hydra.launcher
-    context, jobs = launcher.hydra_context, {j.idx: j.overrides for j in current.to_run}
+    context = launcher.hydra_context
     return JobSpec(
         state=capture_sweep_state(context, launcher.task_function, config),
         jobs=current.to_run,
-        configs=composed_here(context, config, jobs),
+        configs=composed_here(context, config, current.to_run),
         init=plain_dict(settings.ray.init),
         remote=plain_dict(settings.ray.remote),
         sweep_dir=str(book.sweep_dir),
