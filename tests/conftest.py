@@ -202,8 +202,8 @@ def ray_head(
                     break
             assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
             time.sleep(0.5)
-        time.sleep(2)  # the raylet registers shortly after the GCS port opens
-        # `ray start` says where it runs (for `ray.init()` with no address) last.
+        # `ray start` says where it runs (for `ray.init()` with no address) last,
+        # once its processes (the raylet too) have started.
         said = Path(temp_dir) / "ray_current_cluster"
         while not said.exists():
             assert head.poll() is None and time.monotonic() < deadline + 60, "ray start failed"

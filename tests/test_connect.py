@@ -179,10 +179,11 @@ def test_a_ray_client_server_that_fails_to_start_a_server_once_is_tried_again(
         _home(tmp_path, "head", None),
         PYTHONPATH=os.pathsep.join([str(fault), os.environ.get("PYTHONPATH", "")]),
         FAULT_MARKER=str(marker),
-        # How long the proxy waits for a per-client server to listen: short, as
-        # the first one never will, but not so short that a loaded machine's
-        # next one (Python and Ray's imports, 5+ s under load) misses it.
-        RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="15",
+        # How long the proxy waits for a per-client server to listen (three
+        # times for one that died): short, as the first one never will, but not
+        # so short that a loaded machine's next one (Python and Ray's imports,
+        # 1 s idle, a few under load) misses it; a miss is tried again anyway.
+        RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="8",
     )
     client_port = free_port()
     head_temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths

@@ -62,7 +62,9 @@ def dashboard(head_dashboard_port: int) -> Iterator[str]:
         yield f"http://127.0.0.1:{forwarded}"
 
 
-def _sweep(dashboard: str, tmp_path: Path, *overrides: str) -> AppRun:
+def _sweep(
+    dashboard: str, tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
+) -> AppRun:
     return run_app(
         "app.py",
         *overrides,
@@ -70,7 +72,7 @@ def _sweep(dashboard: str, tmp_path: Path, *overrides: str) -> AppRun:
         f"hydra.launcher.address={dashboard}",
         "hydra.sweep.dir=sweep",
         cwd=tmp_path,
-        env=USER_ENV,
+        env={**USER_ENV, **(env or {})},
         unset=FRESH_SHELL[1:],
         timeout=300,
     )
@@ -79,9 +81,21 @@ def _sweep(dashboard: str, tmp_path: Path, *overrides: str) -> AppRun:
 def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
     dashboard: str, tmp_path: Path
 ) -> None:
-    res = _sweep(dashboard, tmp_path, "x=1,2,3", "raise_on=[3]")
+    # hydra.job.env_copy copies variables of the environment that composes a
+    # job's config: here, this machine's (the cluster's lacks this one, and
+    # composing there would fail), so the jobs' configs are composed here.
+    res = _sweep(
+        dashboard,
+        tmp_path,
+        "x=1,2,3",
+        "raise_on=[3]",
+        "hydra.job.env_copy=[HYDRA_RAY_TEST_ANSWER]",
+        "returns=[${oc.env:HYDRA_RAY_TEST_ANSWER}]",
+        env={"HYDRA_RAY_TEST_ANSWER": "42"},
+    )
     assert res.returncode != 0, res.output  # job #2 raises
     out = res.output
+    assert "Composing the 3 jobs' configs on this machine: hydra.job.env_copy is set" in out
     assert "Submitted the sweep as Ray job hydra-app-" in out, out
     # The driver's lines stream here: each job's end, the summary table.
     assert "#0 : x=1 raise_on=[3] succeeded" in out or "[1/3]" in out, out
@@ -92,6 +106,7 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
         assert (sweep / str(num) / f"done_{num}.json").is_file() == (num != 2)
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     assert [j["status"] for j in summary["jobs"]] == ["succeeded", "succeeded", "failed"]
+    assert [j["return_value"] for j in summary["jobs"]] == ["42", 20, None]
     # Where each job's files are here, not where they were on the cluster; in
     # the records too, which a resume hands to the sweeper.
     assert [j["output_dir"] for j in summary["jobs"]] == [str(sweep / str(n)) for n in range(3)]
@@ -105,31 +120,6 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
     # Once all is home, the cluster's copies go: the sweep dir the jobs filled
     # in the Ray job's working dir, and the pack (this head's files are visible here).
     _the_cluster_keeps_nothing(dashboard, out)
-
-
-def test_configs_the_cluster_cannot_compose_are_composed_here_and_travel(
-    dashboard: str, tmp_path: Path
-) -> None:
-    """hydra.job.env_copy copies variables of the environment that composes a
-    job's config: this machine's (the cluster's lacks this one, and composing
-    there would fail), so the jobs' configs are composed here."""
-    res = run_app(
-        "app.py",
-        "x=1,2",
-        "hydra.job.env_copy=[HYDRA_RAY_TEST_ANSWER]",
-        "returns=[${oc.env:HYDRA_RAY_TEST_ANSWER}]",
-        "hydra/launcher=ray_jobs",
-        f"hydra.launcher.address={dashboard}",
-        "hydra.sweep.dir=sweep",
-        cwd=tmp_path,
-        env={**USER_ENV, "HYDRA_RAY_TEST_ANSWER": "42"},
-        unset=FRESH_SHELL[1:],
-        timeout=300,
-    )
-    assert res.returncode == 0, res.output
-    assert "Composing the 2 jobs' configs on this machine: hydra.job.env_copy is set" in res.output
-    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
-    assert [j["return_value"] for j in summary["jobs"]] == ["42", 20]
 
 
 def _the_cluster_keeps_nothing(dashboard: str, out: str) -> None:
@@ -819,11 +809,11 @@ def test_a_dashboard_without_a_job_agent_is_named_after_a_short_wait(tmp_path: P
         port = free_port()
         with ray_head(env, dashboard_port=port, agent_port=taken.getsockname()[1]):
             res = _sweep(
-                f"http://127.0.0.1:{port}", tmp_path, "x=1", "hydra.launcher.agent_wait_s=5"
+                f"http://127.0.0.1:{port}", tmp_path, "x=1", "hydra.launcher.agent_wait_s=3"
             )
     assert res.returncode != 0
     # Asked again for a while, then named (not Ray's bare HTTP 500).
     assert "The cluster's job agent is not up yet: submitting again in 2 s" in res.output
     assert "has no job agent to run the sweep (it said" in res.output, res.output
-    assert "job' for 5 s)" in res.output and "raise hydra.launcher.agent_wait_s" in res.output
+    assert "job' for 3 s)" in res.output and "raise hydra.launcher.agent_wait_s" in res.output
     assert "dashboard_agent.log" in res.output and "Submitted the sweep" not in res.output
