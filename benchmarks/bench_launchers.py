@@ -128,7 +128,10 @@ def median_run(runs: int, cmd: list[str], cwd: Path, env: dict[str, str]) -> Run
 
 
 def ray_fixed_cost(runs: int, init_options: list[str], cwd: Path) -> float:
-    kwargs = ", ".join(f"{k}={v}" for k, v in (o.split("=", 1) for o in init_options))
+    import yaml  # the values as Hydra reads them from the command line (false, 2, ...)
+
+    pairs = (o.split("=", 1) for o in init_options)
+    kwargs = ", ".join(f"{k}={yaml.safe_load(v)!r}" for k, v in pairs)
     code = f"import ray\nray.init({kwargs})\nray.shutdown()\n"
     walls = []
     for _ in range(runs):
