@@ -215,6 +215,10 @@ def ray_head(
             head.wait(timeout=5)  # then SIGKILL: its temp dir is its own
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)  # and whatever did not stop in time
+        # Until they are gone: a Ray process still exiting makes its log dirs again.
+        gone_by = time.monotonic() + 10
+        while processes_in_session(head.pid) and time.monotonic() < gone_by:
+            time.sleep(0.2)
         if own_temp:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
