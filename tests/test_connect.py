@@ -208,6 +208,52 @@ def test_a_ray_client_server_that_fails_to_start_a_server_once_is_tried_again(
     assert (tmp_path / "s" / "1" / "done_1.json").is_file()
 
 
+# What Ray's proxy sent back when the server died while it looked at it (seen
+# under load): its traceback, ending in psutil's error.
+_ZOMBIE = (
+    "Initialization failure from server:\nTraceback (most recent call last):\n"
+    '  File "proxier.py", line 396, in start_specific_server\n'
+    "psutil.ZombieProcess: PID still exists but it's a zombie (pid=26933)"
+)
+
+
+@pytest.mark.parametrize(
+    "error, tried_again",
+    [(ConnectionAbortedError(_ZOMBIE), True), (ConnectionError("Connection refused"), False)],
+)
+def test_which_ray_client_failures_at_start_are_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    error: ConnectionError,
+    tried_again: bool,
+) -> None:
+    """A unit test beside the one above, with a fake ray.init: a per-client
+    server that died (in any of the ways Ray reports it) is tried again; other
+    connection errors are the user's to see at once."""
+    import ray
+
+    from hydra_plugins.hydra_ray_launcher import _local
+
+    calls: list[dict[str, str]] = []
+
+    def init(**kwargs: str) -> None:
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise error
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    if tried_again:
+        _local._init({"address": "ray://head:10001"})
+        assert len(calls) == 2
+        assert "could not start a server for this client (try 1 of 4)" in caplog.text
+        assert "psutil.ZombieProcess" in caplog.text  # Ray's words, the last line
+    else:
+        with pytest.raises(ConnectionError, match="Connection refused"):
+            _local._init({"address": "ray://head:10001"})
+        assert len(calls) == 1
+
+
 def _client_server_logs(temp_dir: Path) -> str:
     """The head's Ray Client server logs: what a failure of the test above needs."""
     logs = sorted(temp_dir.glob("session_latest/logs/ray_client_server*"))
