@@ -242,6 +242,9 @@ def test_which_ray_client_failures_at_start_are_tried_again(
             raise error
 
     monkeypatch.setattr(ray, "init", init)
+    # _init shuts down what a failed try left: here, that would be the test
+    # session's own Ray (the other tests' sweeps connect to it).
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
     monkeypatch.setattr(time, "sleep", lambda s: None)
     if tried_again:
         _local._init({"address": "ray://head:10001"})
