@@ -8,6 +8,8 @@ Run by hand, on an otherwise idle machine:
     .venv/bin/python benchmarks/bench_launchers.py                  # every scenario, 1 run each
     .venv/bin/python benchmarks/bench_launchers.py --runs 3 --scenario sleep20
     .venv/bin/python benchmarks/bench_launchers.py --scenario trivial10000   # about an hour
+    .venv/bin/python benchmarks/bench_launchers.py --scenario trivial1000 --scenario trivial10000 \
+        --launcher ray                    # the jobs phase's ratio, 10,000 jobs to 1,000
 
 For each launcher and sweep it prints the medians of: the whole process's wall
 time; the time from the process's start to the launcher's `launch()` (Hydra's
@@ -255,6 +257,7 @@ def main() -> None:
             f"Cluster job spec at 10,000 jobs: {size / 2**20:.1f} MiB (with every config "
             f"composed here: {composed / 2**20:.0f} MiB, {composed / size:.0f}x)"
         )
+        phases: dict[tuple[str, str], float] = {}
         for name in args.scenario or DEFAULT_SCENARIOS:
             title, sweep = SCENARIOS[name]
             print(f"\n{title}: median of {args.runs} run(s)")
@@ -268,6 +271,7 @@ def main() -> None:
                 run_env = warm_env if "warm" in launcher else env
                 run = median_run(args.runs, cmd + extra, cwd, run_env)
                 walls[launcher] = run.wall
+                phases[name, launcher] = run.jobs_phase
                 ratio = f"{run.wall / walls['basic']:8.2f}" if "basic" in walls else f"{'':8s}"
                 print(
                     f"  {launcher:9s} {run.wall:8.2f}s {ratio} {run.to_launch:11.2f}s "
@@ -280,6 +284,10 @@ def main() -> None:
             for ours in ("ray", "ray warm"):
                 if ours in walls and "joblib" in walls:
                     print(f"  {ours} / joblib: {walls[ours] / walls['joblib']:.2f}")
+        for launcher in launchers:
+            if ("trivial1000", launcher) in phases and ("trivial10000", launcher) in phases:
+                ratio = phases["trivial10000", launcher] / phases["trivial1000", launcher]
+                print(f"\n{launcher}: jobs phase at 10,000 jobs / at 1,000: {ratio:.1f} (flat: 10)")
 
 
 if __name__ == "__main__":

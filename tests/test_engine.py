@@ -14,6 +14,7 @@ from hydra.core.utils import JobStatus
 from hydra.test_utils.test_utils import TSweepRunner
 from omegaconf import DictConfig
 
+from hydra_plugins.hydra_ray_launcher._held import HeldJobReturn
 from hydra_plugins.hydra_ray_launcher._report import SweepProgress
 from hydra_plugins.hydra_ray_launcher._validate import ray_init_kwargs
 
@@ -113,6 +114,27 @@ def test_a_big_sweep_keeps_a_bounded_number_of_jobs_in_flight_and_loses_none(
         assert retried == [3, 13, 23, 33]
         assert sorted(p.name for p in marks.iterdir()) == sorted(map(str, retried))
     assert max(waited_on) == 5, waited_on
+
+
+@pytest.mark.usefixtures("hydra_restore_singletons")
+def test_the_sweeper_gets_each_jobs_configs_pickled_until_it_reads_them(
+    ray_session: str, hydra_sweep_runner: TSweepRunner, tmp_path: Path
+) -> None:
+    def task(cfg: DictConfig) -> int:
+        return int(cfg.a) + 1
+
+    sweep = _sweep(hydra_sweep_runner, task, tmp_path, "+a=0,1,2")
+    with sweep:
+        assert sweep.returns is not None
+        returns = sweep.returns[0]
+        assert all(isinstance(r, HeldJobReturn) for r in returns)
+        assert all(r.pickled("cfg") and r.pickled("hydra_cfg") for r in returns)
+        assert [r.return_value for r in returns] == [1, 2, 3]
+        assert [r.cfg.a for r in returns] == [0, 1, 2]
+        assert [r.hydra_cfg.hydra.job.num for r in returns] == [0, 1, 2]
+        assert [r.hydra_cfg.hydra.runtime.output_dir for r in returns] == [
+            str(tmp_path / "sweep" / str(n)) for n in range(3)
+        ]
 
 
 def test_ray_init_kwargs_drop_nulls_and_rename_memory() -> None:

@@ -21,6 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ._held import hold
 from ._snapshot import portable_context, why_not_portable
 from ._tracebacks import drop_chain, pack, unpack
 
@@ -400,7 +401,7 @@ class _Prepared:
             status = FAILED
         return JobOutcome(
             idx=self.idx,
-            job_return=job_return,
+            job_return=hold(job_return),
             started=self.started_at,
             ended=time.time(),
             node=self.node,

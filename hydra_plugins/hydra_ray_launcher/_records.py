@@ -31,8 +31,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
 import cloudpickle
-from omegaconf import OmegaConf, open_dict, read_write
+from omegaconf import open_dict, read_write
 
+from ._held import HeldJobReturn, hold, output_dir
 from ._jobs import INTERRUPTED, SUCCEEDED, JobOutcome
 from ._redact import redacted_hydra_config
 
@@ -115,6 +116,8 @@ def _for_disk(outcome: JobOutcome) -> JobOutcome:
     Hydra config): a record is a file the user may share; the sweeper that a
     resume hands it to does not read them."""
     job_return = outcome.job_return
+    if isinstance(job_return, HeldJobReturn) and job_return.pickled("hydra_cfg"):
+        return outcome  # hidden when it was held
     if job_return.hydra_cfg is None:
         return outcome
     hidden = redacted_hydra_config(job_return.hydra_cfg)
@@ -167,12 +170,8 @@ def moved_home(outcome: JobOutcome, sweep_dir: str, home: Path) -> JobOutcome:
     (relative to each node's working dir, or absolute). Unchanged if the output
     dir is not below it (then nothing says where its files went)."""
     ret = outcome.job_return
-    there = (
-        OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir", default=None)
-        if ret.hydra_cfg is not None
-        else None
-    )
-    if not isinstance(there, str):
+    there = output_dir(ret)
+    if there is None:
         return outcome
     below = _below(PurePosixPath(there), PurePosixPath(os.path.normpath(sweep_dir)))
     if below is None:
@@ -189,7 +188,8 @@ def moved_home(outcome: JobOutcome, sweep_dir: str, home: Path) -> JobOutcome:
     moved.hydra_cfg = hydra_cfg
     if ret.working_dir == there:  # hydra.job.chdir=true
         moved.working_dir = here
-    return dataclasses.replace(outcome, job_return=moved)
+    held = isinstance(ret, HeldJobReturn)
+    return dataclasses.replace(outcome, job_return=hold(moved) if held else moved)
 
 
 def _below(path: PurePosixPath, top: PurePosixPath) -> PurePosixPath | None:
@@ -316,9 +316,6 @@ def write_summary(
 def _summary_entry(o: JobOutcome) -> dict[str, Any]:
     ret = o.job_return
     ran = o.status != INTERRUPTED
-    output_dir = (
-        OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg else None
-    )
     return {
         "idx": o.idx,
         "overrides": list(ret.overrides or []),
@@ -330,7 +327,7 @@ def _summary_entry(o: JobOutcome) -> dict[str, Any]:
         "started": _iso(o.started) if ran else None,
         "ended": _iso(o.ended) if ran else None,
         "node": o.node or None,
-        "output_dir": output_dir,
+        "output_dir": output_dir(ret),
         "error": o.error,
         "return_value": _jsonable(ret._return_value) if o.status == SUCCEEDED else None,
     }
