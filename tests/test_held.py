@@ -92,3 +92,15 @@ def test_held_job_returns_take_a_fraction_of_the_memory_of_unpickled_ones() -> N
     held_bytes = _bytes_held(lambda i: cloudpickle.loads(blobs[i]), 50)
     plain_bytes = _bytes_held(lambda i: cloudpickle.loads(plain[i]), 50)
     assert held_bytes * 4 < plain_bytes, (held_bytes, plain_bytes)
+
+
+def test_a_held_job_return_keeps_every_attribute_of_hydras() -> None:
+    """Hydra 1.4's JobReturn has more than 1.3's (a failed job's traceback):
+    holding keeps them all."""
+    ret = _job_return(2)
+    ret.status = JobStatus.FAILED
+    ret._return_value = ValueError("bad")
+    ret.__dict__["_remote_traceback"] = [("app.py", "main", 3)]
+    held = hold(ret)
+    assert held.__dict__["_remote_traceback"] == [("app.py", "main", 3)]
+    assert isinstance(held._return_value, ValueError) and held.status == JobStatus.FAILED

@@ -53,13 +53,9 @@ class HeldJobReturn(JobReturn):
 def hold(ret: JobReturn) -> HeldJobReturn:
     """`ret` with its configs pickled, the launcher's secrets hidden first."""
     hydra_cfg = redacted_hydra_config(ret.hydra_cfg) if ret.hydra_cfg is not None else None
-    held = HeldJobReturn(
-        overrides=ret.overrides,
-        working_dir=ret.working_dir,
-        task_name=ret.task_name,
-        status=ret.status,
-        _return_value=ret._return_value,
-    )
+    held = HeldJobReturn.__new__(HeldJobReturn)
+    # Every attribute as it is (Hydra 1.4's JobReturn has more, for tracebacks).
+    held.__dict__.update(ret.__dict__)
     held.__dict__["cfg"] = _Pickled(cloudpickle.dumps(ret.cfg))
     held.__dict__["hydra_cfg"] = _Pickled(cloudpickle.dumps(hydra_cfg))
     held.output_dir = output_dir(ret)
