@@ -159,3 +159,41 @@ def test_where_a_snapshot_cannot_stand_in_every_config_is_composed_here(
 
     assert configs is not None
     assert (configs[0].db.driver, configs[1].lr) == ("postgres", 0.5)
+
+
+# Yaml files a config dir (config_path=".") gathers that are not the app's configs.
+NOT_CONFIGS = [
+    "multirun/2026-12-04/10-00-00/multirun.yaml",
+    "multirun/2026-12-04/10-00-00/0/.hydra/config.yaml",
+    "multirun/2026-12-04/10-00-00/0/results.yaml",
+    "outputs/2026-12-04/09-00-00/.hydra/hydra.yaml",
+    ".venv/lib/python3.11/site-packages/somepkg/defaults.yaml",
+    "venv/lib/python3.11/site-packages/somepkg/defaults.yaml",
+    ".git/info/x.yaml",
+    "node_modules/y.yaml",
+]
+
+
+@pytest.mark.usefixtures("hydra_restore_singletons")
+def test_past_outputs_and_environments_in_the_config_dir_are_not_shipped_with_the_state(
+    hydra_context: HydraContext, conf_dir: Path
+) -> None:
+    for name in NOT_CONFIGS:
+        (conf_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (conf_dir / name).write_text(f"note: NOT_A_CONFIG {'x' * 10_000}\n")
+    master = _master(hydra_context)
+    from_files = [_yaml(hydra_context.config_loader.load_sweep_config(master, o)) for o in SWEEP]
+
+    portable = portable_context(hydra_context)
+    here = portable.config_loader.load_sweep_config(master, ["+node_modules=y"])
+    blob = cloudpickle.dumps(portable)
+    shutil.rmtree(conf_dir)
+    shipped = cloudpickle.loads(blob)
+
+    assert b"NOT_A_CONFIG" not in blob
+    assert [_yaml(shipped.config_loader.load_sweep_config(master, o)) for o in SWEEP] == from_files
+    # On this machine a job that names one of those dirs finds it in the files;
+    # elsewhere, as without the files, there is no such group: a plain value.
+    assert here.node_modules.note.startswith("NOT_A_CONFIG")
+    elsewhere = shipped.config_loader.load_sweep_config(master, ["+node_modules=y"])
+    assert elsewhere.node_modules == "y"

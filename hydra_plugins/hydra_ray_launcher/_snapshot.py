@@ -24,6 +24,12 @@ from omegaconf import DictConfig, OmegaConf
 
 # Hydra lists neither of these as options of a group (nor does a snapshot).
 _NOT_OPTIONS = ("__pycache__", "__init__.py")
+# Dirs not read ahead into a snapshot: these, hidden ones (.hydra, .git, .venv),
+# and Hydra's output dirs (they hold `.hydra` or `multirun.yaml`: the past sweeps
+# of an app whose config_path is "."). Their yaml files are not the app's configs;
+# read ahead, they made each sweep start slower and its state bigger, sweep after
+# sweep. A job that names one reads it from the files, where they are.
+_NOT_READ_AHEAD = ("site-packages", "node_modules")
 # A config tree deeper than this has a link loop, not groups.
 _MAX_DEPTH = 32
 
@@ -39,6 +45,9 @@ class _Tree:
     unreadable: Mapping[str, Exception]
     # Groups whose listing raised (Hydra 1.4 on a `.yml` file in it), with what.
     unlistable: Mapping[str, Exception]
+    # Groups not read ahead (_NOT_READ_AHEAD): what is in them is asked of the
+    # original source, which finds the files where they are.
+    skipped: frozenset[str] = frozenset()
 
 
 class SnapshotConfigSource(ConfigSource):
@@ -49,6 +58,7 @@ class SnapshotConfigSource(ConfigSource):
     def __init__(self, original: ConfigSource, tree: _Tree) -> None:
         self._scheme = original.scheme()
         self._tree = tree
+        self._original = original
         super().__init__(original.provider, original.full_path())
 
     # An instance's scheme is its original's: not registered, never looked up by it.
@@ -63,13 +73,19 @@ class SnapshotConfigSource(ConfigSource):
         return self._tree.available
 
     def is_group(self, config_path: str) -> bool:
+        if self._skipped(config_path):
+            return self._original.is_group(config_path)
         return _key(config_path) in self._tree.groups
 
     def is_config(self, config_path: str) -> bool:
+        if self._skipped(config_path):
+            return self._original.is_config(config_path)
         key = _key(self._normalize_file_name(config_path))
         return key in self._tree.configs or key in self._tree.unreadable
 
     def load_config(self, config_path: str) -> ConfigResult:
+        if self._skipped(config_path):
+            return self._original.load_config(config_path)
         key = _key(self._normalize_file_name(config_path))
         if key in self._tree.unreadable:
             raise copy.copy(self._tree.unreadable[key])
@@ -85,6 +101,8 @@ class SnapshotConfigSource(ConfigSource):
         )
 
     def list(self, config_path: str, results_filter: ObjectType | None) -> list[str]:
+        if self._skipped(config_path):
+            return self._original.list(config_path, results_filter)
         parent = _key(config_path)
         if parent in self._tree.unlistable:
             raise copy.copy(self._tree.unlistable[parent])
@@ -98,6 +116,10 @@ class SnapshotConfigSource(ConfigSource):
                 if _parent(path) == parent:
                     names.add(os.path.splitext(os.path.basename(path))[0])
         return sorted(n for n in names if n not in _NOT_OPTIONS)
+
+    def _skipped(self, config_path: str) -> bool:
+        key = _key(config_path)
+        return any(key == g or key.startswith(f"{g}/") for g in self._tree.skipped)
 
 
 def _key(config_path: str) -> str:
@@ -121,10 +143,14 @@ def _read_all(source: ConfigSource) -> _Tree:
     if not source.available():
         return _Tree(False, frozenset(), {}, {}, {})
     groups, configs, unreadable, unlistable = {""}, {}, {}, {}
+    skipped: set[str] = set()
     todo = [""]
     while todo:
         group = todo.pop()
         depth = group.count("/") + 1 if group else 0
+        if group and _not_read_ahead(source, group):
+            skipped.add(group)
+            continue
         try:
             subgroups = source.list(group, ObjectType.GROUP)
             names = source.list(group, ObjectType.CONFIG)
@@ -147,7 +173,19 @@ def _read_all(source: ConfigSource) -> _Tree:
                 configs[key] = source.load_config(path)
             except Exception as exc:  # whatever reading it raised: raised if a job uses it
                 unreadable[key] = _portable(exc)
-    return _Tree(True, frozenset(groups), configs, unreadable, unlistable)
+    return _Tree(True, frozenset(groups), configs, unreadable, unlistable, frozenset(skipped))
+
+
+def _not_read_ahead(source: ConfigSource, group: str) -> bool:
+    """Whether `group` is a dir that holds no configs of the app's own (two
+    look-ups, not a listing: a sweep dir holds a dir per job)."""
+    name = group.rpartition("/")[2]
+    return (
+        name.startswith(".")
+        or name in _NOT_READ_AHEAD
+        or source.is_group(f"{group}/.hydra")
+        or _is_config(source, f"{group}/multirun")
+    )
 
 
 def _portable(exc: Exception) -> Exception:
