@@ -21,7 +21,7 @@ import ray
 
 from hydra_plugins.hydra_ray_launcher._engine import IN_FLIGHT_MIN
 
-SIZES = (100, IN_FLIGHT_MIN, 10_000)
+SIZES = tuple(sorted({100, IN_FLIGHT_MIN, 1_000, 10_000}))
 TURNS = 30
 
 
