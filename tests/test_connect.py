@@ -114,6 +114,7 @@ def test_a_missing_or_wrong_token_is_refused_in_seconds_with_the_reason(
     assert res.returncode != 0
     assert says in res.output, res.output
     assert "ray get-auth-token" in res.output
+    assert "Unauthenticated" not in res.output, res.output  # our words, not Ray's C++ log
     assert took < 30, f"{took:.0f} s"  # Ray alone says "Failed to connect" after 20 s
 
 
@@ -290,6 +291,8 @@ def test_a_ray_started_here_with_ray_start_is_found_with_nothing_set(tmp_path: P
                 assert res.returncode == 0, res.output
                 assert "Started a local Ray instance" not in res.output
                 assert "requires a token: using this machine's" in res.output
+                # Not Ray's C++ log of the probe's refusal before that line.
+                assert "Unauthenticated" not in res.output, res.output
                 ran_in = {json.loads(p.read_text())["sid"] for p in out.glob("done_*.json")}
                 assert ran_in == {sid}, res.output  # the jobs ran in that Ray's workers
                 assert processes_in_session(sid), "the Ray stopped with the sweep"

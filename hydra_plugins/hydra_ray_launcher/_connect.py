@@ -10,10 +10,13 @@ cluster that asks for a token gets this machine's.
 Ray is imported inside functions: Hydra imports this package at every start.
 """
 
+import contextlib
 import logging
 import os
 import socket
-from collections.abc import Mapping
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ._validate import ConfigError
@@ -131,9 +134,10 @@ def _probe_gcs(gcs: str, where: str) -> None:
     from ray.exceptions import AuthenticationError
 
     try:
-        GcsClient(address=gcs).internal_kv_get(
-            b"session_name", b"session", timeout=_PROBE_TIMEOUT_S
-        )
+        with _refusals_unprinted():
+            GcsClient(address=gcs).internal_kv_get(
+                b"session_name", b"session", timeout=_PROBE_TIMEOUT_S
+            )
     except AuthenticationError:
         raise
     except Exception as exc:  # Ray's RPC errors have no common public base
@@ -142,6 +146,26 @@ def _probe_gcs(gcs: str, where: str) -> None:
             f"GCS ({type(exc).__name__}: {exc}). Give the head's GCS address (port 6379 by "
             "default, `ray start --head --port`)"
         ) from None
+
+
+@contextlib.contextmanager
+def _refusals_unprinted() -> Iterator[None]:
+    """Ray's C++ core logs a refused token to stderr ("Failed to get cluster ID
+    from GCS server: Unauthenticated"), on every sweep to a token cluster before
+    this module turns the token on, and before its own words when that fails:
+    those lines are dropped, whatever else it wrote is printed."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            words = caught.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(w for w in words if "Unauthenticated" not in w))
 
 
 def _enable_token_auth() -> None:
