@@ -155,7 +155,11 @@ def _refusals_unprinted() -> Iterator[None]:
     this module turns the token on, and before its own words when that fails:
     those lines are dropped, whatever else it wrote is printed."""
     sys.stderr.flush()
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr: nothing to keep clean
+        yield
+        return
     with tempfile.TemporaryFile() as caught:
         os.dup2(caught.fileno(), 2)
         try:
