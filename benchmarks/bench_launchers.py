@@ -74,12 +74,19 @@ class Run:
     # CPU seconds a worker process spends per job (median between its jobs); None:
     # no worker ran two jobs.
     job_cpu: float | None
+    # Our launcher's own "N jobs done in X s" (from the batch's first submission
+    # to its last job's end, Ray's start of the workers included); None: other
+    # launchers.
+    said_done: float | None = None
 
 
 # The launchers' first line in launch() (basic: "Launching 20 jobs locally";
 # joblib: "Joblib.Parallel(...) is launching 20 jobs"; ours: "Ray Launcher is
 # launching 20 jobs, ..."), stamped by Hydra's log format.
 _LAUNCHING = re.compile(r"^\[([0-9-]+ [0-9:]+,[0-9]{3})\]\[HYDRA\] .*[Ll]aunching \d+ jobs", re.M)
+
+
+_DONE_IN = re.compile(r"\] \d+ jobs? done in ([0-9.]+) s")
 
 
 def _launched_at(output: str) -> float:
@@ -107,6 +114,7 @@ def run_once(cmd: list[str], cwd: Path, env: dict[str, str]) -> Run:
     rss = [int(r[1]) for r in rows if r[0] == "rss"]
     first = min(start for start, _ in jobs)
     launched = _launched_at(res.stdout + res.stderr)
+    said = _DONE_IN.search(res.stdout + res.stderr)
     return Run(
         wall,
         launched - started,
@@ -114,6 +122,7 @@ def run_once(cmd: list[str], cwd: Path, env: dict[str, str]) -> Run:
         max(end for _, end in jobs) - first,
         rss[-1],
         statistics.median(deltas) if deltas else None,
+        float(said.group(1)) if said else None,
     )
 
 
@@ -126,6 +135,7 @@ def median_run(runs: int, cmd: list[str], cwd: Path, env: dict[str, str]) -> Run
         statistics.median(r.jobs_phase for r in done),
         int(statistics.median(r.peak_rss for r in done)),
         done[len(done) // 2].job_cpu,
+        done[len(done) // 2].said_done,
     )
 
 
@@ -265,6 +275,7 @@ def main() -> None:
                   f"{'to 1st job':>11s} {'jobs phase':>11s} {'peak RSS':>9s} "
                   f"{'CPU/job':>9s}")  # fmt: skip
             walls: dict[str, float] = {}
+            said: dict[str, float | None] = {}
             for launcher in launchers:
                 extra = ray_overrides if launcher == "ray" else []
                 cmd = [sys.executable, str(APP), "--multirun", *sweep, *LAUNCHERS[launcher]]
@@ -279,6 +290,10 @@ def main() -> None:
                     f"{run.peak_rss / 2**20:6.0f} MiB "
                     + (f"{run.job_cpu * 1000:6.1f} ms" if run.job_cpu is not None else "")
                 )
+                said[launcher] = run.said_done
+            for ours, took in said.items():
+                if took is not None:
+                    print(f"  {ours}: the launcher's own line says: jobs done in {took:.1f} s")
             if "ray" in walls:
                 print(f"  ray net of Ray's fixed cost: {walls['ray'] - fixed:.2f} s")
             for ours in ("ray", "ray warm"):
@@ -286,8 +301,8 @@ def main() -> None:
                     print(f"  {ours} / joblib: {walls[ours] / walls['joblib']:.2f}")
         for launcher in launchers:
             if ("trivial1000", launcher) in phases and ("trivial10000", launcher) in phases:
-                ratio = phases["trivial10000", launcher] / phases["trivial1000", launcher]
-                print(f"\n{launcher}: jobs phase at 10,000 jobs / at 1,000: {ratio:.1f} (flat: 10)")
+                grew = phases["trivial10000", launcher] / phases["trivial1000", launcher]
+                print(f"\n{launcher}: jobs phase at 10,000 jobs / at 1,000: {grew:.1f} (flat: 10)")
 
 
 if __name__ == "__main__":
