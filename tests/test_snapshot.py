@@ -197,3 +197,4 @@ def test_past_outputs_and_environments_in_the_config_dir_are_not_shipped_with_th
     assert here.node_modules.note.startswith("NOT_A_CONFIG")
     elsewhere = shipped.config_loader.load_sweep_config(master, ["+node_modules=y"])
     assert elsewhere.node_modules == "y"
+    assert shipped.config_loader.get_sources()[1].list("node_modules", None) == []

@@ -102,6 +102,9 @@ class SnapshotConfigSource(ConfigSource):
 
     def list(self, config_path: str, results_filter: ObjectType | None) -> list[str]:
         if self._skipped(config_path):
+            # Where the files are not (another machine), as an empty group.
+            if not self._original.is_group(config_path):
+                return []
             return self._original.list(config_path, results_filter)
         parent = _key(config_path)
         if parent in self._tree.unlistable:
