@@ -278,7 +278,7 @@ def run_jobs(
 # then costs the same whether the sweep has 20 jobs or 10,000, and a big
 # cluster still has work for every CPU and its autoscaler sees the demand
 # (which doubles as the cluster grows). Not more: each turn costs in
-# proportion to what is in flight (1.2 ms at 1,000, two turns a job).
+# proportion to what is in flight (about 1 ms at 1,000, two turns a job).
 IN_FLIGHT_MIN = 200
 
 

@@ -45,7 +45,7 @@ class _Tree:
     unreadable: Mapping[str, Exception]
     # Groups whose listing raised (Hydra 1.4 on a `.yml` file in it), with what.
     unlistable: Mapping[str, Exception]
-    # Groups not read ahead (_NOT_READ_AHEAD): what is in them is asked of the
+    # Groups not read ahead (_not_read_ahead): what is in them is asked of the
     # original source, which finds the files where they are.
     skipped: frozenset[str] = frozenset()
 
@@ -121,8 +121,13 @@ class SnapshotConfigSource(ConfigSource):
         return sorted(n for n in names if n not in _NOT_OPTIONS)
 
     def _skipped(self, config_path: str) -> bool:
-        key = _key(config_path)
-        return any(key == g or key.startswith(f"{g}/") for g in self._tree.skipped)
+        # Asked at every look-up of every compose: the key's own prefixes, each a
+        # set look-up, however many past sweeps were left out.
+        parts = _key(config_path).split("/")
+        skipped = self._tree.skipped
+        return bool(skipped) and any(
+            "/".join(parts[:n]) in skipped for n in range(1, len(parts) + 1)
+        )
 
 
 def _key(config_path: str) -> str:
