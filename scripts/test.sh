@@ -37,7 +37,13 @@ rm -rf "$HYDRA14"
 "$VENV/bin/pip" install -q --no-deps --target "$HYDRA14" "hydra-core==1.4.0rc3" "omegaconf==2.4.1rc1"
 export PYTHONPATH="$HYDRA14${PYTHONPATH:+:$PYTHONPATH}"
 "$VENV/bin/python" -c 'import hydra, omegaconf; print("Hydra", hydra.__version__, "OmegaConf", omegaconf.__version__)'
-exec "$VENV/bin/python" -m pytest -p no:cacheprovider tests/test_conformance.py \
+"$VENV/bin/python" -m pytest -p no:cacheprovider tests/test_conformance.py \
   tests/test_secrets.py tests/test_sweep_records.py tests/test_dry_run.py tests/test_tracebacks.py \
   tests/test_hydra_versions.py tests/test_snapshot.py tests/test_held.py \
   "tests/test_ray_launcher.py::test_nothing_of_ours_warns_at_discovery_in_workers_or_per_job"
+unset PYTHONPATH
+rm -rf "$HYDRA14"
+# The other Pythons that pyproject.toml declares: a smoke run on each (the example
+# on a local Ray, a failing job, a resume, a ray_jobs round trip), in a venv of
+# its own with the plugin and pytest only.
+exec bash "$ROOT/scripts/smoke.sh"

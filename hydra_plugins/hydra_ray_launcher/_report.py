@@ -207,7 +207,9 @@ def _console(width: int | None) -> "Console":
     return Console(file=sys.stdout, force_terminal=True, width=width)
 
 
-_swapped: list[tuple[logging.StreamHandler[Any], TextIO]] = []
+# Quoted: logging.StreamHandler is subscriptable only from Python 3.11, and a
+# module-level or signature annotation is evaluated when the module is imported.
+_swapped: "list[tuple[logging.StreamHandler[Any], TextIO]]" = []
 
 
 def _restore_handlers() -> None:
@@ -216,7 +218,7 @@ def _restore_handlers() -> None:
         handler.setStream(stream)
 
 
-def _stream_handlers() -> list[logging.StreamHandler[Any]]:
+def _stream_handlers() -> "list[logging.StreamHandler[Any]]":
     loggers = [logging.getLogger()] + [
         lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
     ]
