@@ -218,7 +218,6 @@ def job_spec_sizes(jobs: int, sample: int = 200) -> tuple[int, int]:
                         else composed_here(context, master, batch)
                     ),
                     init={},
-                    remote={},
                     sweep_dir="multirun",
                     code_dir=None,
                     policy=Policy(),

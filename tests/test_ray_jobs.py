@@ -540,6 +540,32 @@ def test_the_example_sends_its_code_and_gets_each_job_s_return_value_and_files(
         assert (sweep / str(num) / "checkpoint.txt").read_text().startswith(f"lr={lr} ")
 
 
+def test_each_job_gets_the_cpus_its_own_config_asks_for_on_the_cluster(
+    dashboard: str, tmp_path: Path
+) -> None:
+    """hydra.launcher.ray.remote.num_cpus: ${model.cpus}, resolved per job by the
+    driver on the cluster (the head has 2 CPUs and no GPU: GPUs and disks off)."""
+    res = run_app(
+        "resources_app.py",
+        "model=small,large",
+        "hydra.launcher.ray.remote.num_gpus=0",
+        "hydra.launcher.ray.remote.resources=null",
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address={dashboard}",
+        "hydra.sweep.dir=sweep",
+        cwd=tmp_path,
+        env=USER_ENV,
+        unset=FRESH_SHELL[1:],
+        timeout=300,
+    )
+    assert res.returncode == 0, res.output
+    sweep = tmp_path / "sweep"
+    got = [json.loads((sweep / str(n) / "resources.json").read_text()) for n in range(2)]
+    assert [g["assigned"] for g in got] == [{"CPU": 1.0}, {"CPU": 2.0}], res.output
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [j["resources"] for j in summary["jobs"]] == [{"CPU": 1.0}, {"CPU": 2.0}]
+
+
 # ---- A sweeper that learns from the results: Hydra's Optuna sweeper.
 
 

@@ -458,6 +458,7 @@ def test_run_batch_returns_job_returns_in_order_and_writes_the_summary(tmp_path:
         "started": "1970-01-01T00:16:40+00:00",
         "ended": "1970-01-01T00:16:42+00:00",
         "node": "10.0.0.1",
+        "resources": None,
         "output_dir": None,
         "error": None,
         "return_value": 0,

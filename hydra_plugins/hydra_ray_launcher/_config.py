@@ -94,6 +94,10 @@ class SweepRunConf:
     # Seconds a job (each attempt) may run; then it is cancelled and reported as
     # timed out, and the other jobs go on. null: no limit.
     job_timeout_s: float | None = None
+    # At most this many jobs run at once (a shared cluster, a licence limit); the
+    # others wait in the driver, in job order, and count as queued. null: as many
+    # as the cluster's resources allow.
+    max_concurrent_jobs: int | None = None
     # How many more times a job whose task function raises runs again (in the same
     # job dir). A job whose process or node dies is retried by Ray: ray.remote.max_retries.
     retries: int = 0

@@ -31,7 +31,8 @@ from ._jobs import (
 )
 from ._records import write_record
 from ._report import SweepProgress, describe
-from ._validate import check_remote_options, without_nulls
+from ._resources import JobResources, ResourceError, request
+from ._validate import without_nulls
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class Policy:
     retries: int = 0
     # Cancels an attempt that has run longer than this; None: no limit.
     job_timeout_s: float | None = None
+    # At most this many attempts in flight; None: as many as in_flight_limit().
+    max_concurrent_jobs: int | None = None
 
 
 @dataclass
@@ -87,6 +90,8 @@ class _Attempt:
     job: Job
     number: int
     config: DictConfig | None
+    # Its ray.remote() options (without num_returns).
+    options: Mapping[str, Any]
     # time.monotonic() of this driver when the job said it started; None while queued.
     started: float | None = None
     # The node it said it runs on (IP, Ray node id), and the job's dir there.
@@ -100,11 +105,10 @@ class _Attempt:
 def run_batch_here(
     shipped: ShippedState,
     jobs: Sequence[Job],
-    remote: Mapping[str, Any],
+    resources: JobResources,
     *,
     policy: Policy,
     sweep_dir: Path,
-    configs: Mapping[int, DictConfig] | None,
     live: bool,
     already_done: int,
     gather: Callable[[JobDirs], None],
@@ -137,10 +141,9 @@ def run_batch_here(
             return run_jobs(
                 shipped,
                 jobs,
-                remote,
+                resources,
                 policy=policy,
                 progress=progress,
-                configs=configs,
                 on_finished=finished,
                 on_started=started,
             )
@@ -151,17 +154,17 @@ def run_batch_here(
 def run_jobs(
     shipped: ShippedState,
     jobs: Sequence[Job],
-    remote: Mapping[str, Any],
+    resources: JobResources,
     *,
     policy: Policy,
     progress: SweepProgress,
-    configs: Mapping[int, DictConfig] | None = None,
     on_finished: Callable[[JobOutcome], None] | None = None,
     on_started: Callable[[JobStarted], None] | None = None,
 ) -> list[JobOutcome]:
     """Run every job as a Ray task, concurrently, and return their outcomes in
-    job order. Each job's config is composed in its worker, unless `configs`
-    gives them composed already (nodes that lack the app's config files).
+    job order. Each job asks Ray for what `resources` gives it; its config is
+    composed in its worker, unless `resources` composed it already (for its
+    options, or on a machine that has the app's config files).
 
     A job that fails, times out or whose process dies becomes a failed outcome;
     the others run on. `on_finished` is called with each final outcome as it
@@ -176,28 +179,49 @@ def run_jobs(
     # plain tasks that tell a small actor when they start.
     board: Any = ray.remote(num_cpus=0)(StartBoard).remote() if _ray_client() else None
     if board is None:
-        options = {**check_remote_options(remote), "num_returns": "streaming"}
+        streaming: dict[str, Any] = {"num_returns": "streaming"}
         task = ray.remote(run_one_job)
     else:
-        options = check_remote_options(remote)
+        streaming = {}
         task = ray.remote(run_one_job_reporting)
     attempts = policy.retries + 1
+    # What each job asked for, where it differs per job (the summary shows it).
+    asked: dict[int, dict[str, float]] = {}
     # In flight: each attempt by its task's ref, and by (job, attempt number).
     running: dict[Any, _Attempt] = {}
     by_number: dict[tuple[int, int], _Attempt] = {}
     queued = collections.deque(jobs)
     limit = in_flight_limit()
+    if policy.max_concurrent_jobs is not None:
+        # Ray runs what it is given: the jobs past the cap wait here, in order.
+        limit = min(limit, policy.max_concurrent_jobs)
 
-    def submit(job: Job, number: int, config: DictConfig | None) -> None:
-        args = (shipped.key, [shipped.ref], job.idx, job.overrides, config, number, attempts)
-        named = task.options(**options, name=f"hydra job #{job.idx}")
+    def submit(attempt: _Attempt) -> None:
+        job, config = attempt.job, attempt.config
+        args = (
+            shipped.key,
+            [shipped.ref],
+            job.idx,
+            job.overrides,
+            config,
+            attempt.number,
+            attempts,
+        )
+        named = task.options(**attempt.options, **streaming, name=f"hydra job #{job.idx}")
         ref = named.remote(*args) if board is None else named.remote(board, *args)
-        running[ref] = by_number[job.idx, number] = _Attempt(job, number, config)
+        running[ref] = by_number[job.idx, attempt.number] = attempt
 
     def top_up() -> None:
         while queued and len(running) < limit:
             job = queued.popleft()
-            submit(job, 1, configs[job.idx] if configs else None)
+            try:
+                options, config = resources.options(job)
+            except ResourceError as exc:  # this job's values only: the others run
+                finish(_failed(_Attempt(job, 1, None, {}), JobError(str(exc)), FAILED))
+                continue
+            if resources.per_job:
+                asked[job.idx] = request(options)
+            submit(_Attempt(job, 1, config, options))
 
     def settled(ref: Any) -> _Attempt:
         attempt = running.pop(ref)
@@ -207,6 +231,7 @@ def run_jobs(
     results: dict[int, JobOutcome] = {}
 
     def finish(outcome: JobOutcome) -> None:
+        outcome.resources = asked.get(outcome.idx)
         results[outcome.idx] = outcome
         progress.finished(outcome)
         if on_finished is None:
@@ -229,7 +254,7 @@ def run_jobs(
             attempt.started, attempt.node = time.monotonic(), item.node
             attempt.node_id, attempt.job_dir = item.node_id, item.job_dir
             attempt.pid = item.pid
-            progress.started(item.idx, item.node, item.attempt)
+            progress.started(item.idx, item.node, item.attempt, asked.get(item.idx))
 
     try:
         top_up()
@@ -250,7 +275,10 @@ def run_jobs(
                 settled(ref)
                 if item.task_raised and attempt.number < attempts:
                     progress.retrying(item, attempt.number + 1)
-                    submit(attempt.job, attempt.number + 1, attempt.config)
+                    again = _Attempt(
+                        attempt.job, attempt.number + 1, attempt.config, attempt.options
+                    )
+                    submit(again)
                 else:
                     finish(item)
             for ref, attempt in list(_overdue(running, policy)):
@@ -308,19 +336,12 @@ def unschedulable(remote: Mapping[str, Any]) -> str | None:
     job would wait forever), or None if some node can."""
     import ray
 
-    options = without_nulls(remote)
-    request = {
-        "CPU": float(options.get("num_cpus", 1)),
-        "GPU": float(options.get("num_gpus", 0)),
-        "memory": float(options.get("memory", 0)),
-        **{k: float(v) for k, v in (options.get("resources") or {}).items()},
-    }
-    request = {k: v for k, v in request.items() if v > 0}
+    asked = request(without_nulls(remote))
     nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]  # type: ignore[no-untyped-call]
-    if any(all(node.get(k, 0) >= v for k, v in request.items()) for node in nodes):
+    if any(all(node.get(k, 0) >= v for k, v in asked.items()) for node in nodes):
         return None
-    largest = {k: max((node.get(k, 0) for node in nodes), default=0) for k in request}
-    return f"each job asks for {request}, and the most any node has is {largest}"
+    largest = {k: max((node.get(k, 0) for node in nodes), default=0) for k in asked}
+    return f"each job asks for {asked}, and the most any node has is {largest}"
 
 
 def single_machine() -> bool:

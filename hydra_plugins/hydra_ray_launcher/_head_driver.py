@@ -44,6 +44,7 @@ from ._gather import JobDirs, LeftOnNode, gather_outputs
 from ._jobs import JobOutcome, JobStarted, SweepState
 from ._records import RECORD_DIR, read_record
 from ._redact import redacted
+from ._resources import JobResources
 from ._sync import rsync_command
 from ._validate import ray_init_kwargs
 
@@ -88,7 +89,6 @@ class JobSpec:
     state: SweepState
     jobs: Sequence[Job]
     init: dict[str, Any]
-    remote: dict[str, Any]
     # The sweep output dir as the jobs will resolve it (relative to the head's cwd).
     sweep_dir: str
     # The app's config files are not on the cluster: the jobs compose their
@@ -145,14 +145,22 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
         with open(_STARTS_FILE, "a") as f:
             f.write(json.dumps(dataclasses.asdict(event)) + "\n")
 
+    # What each job asks for: hydra.launcher.ray.remote, resolved here against each
+    # job's config (composed from the state's snapshot) where it interpolates into it.
+    resources = JobResources(
+        state.config,
+        lambda overrides: state.hydra_context.config_loader.load_sweep_config(
+            state.config, list(overrides)
+        ),
+        spec.configs,
+    )
     outcomes = _engine.run_batch_here(
         shipped,
         spec.jobs,
-        spec.remote,
+        resources,
         policy=spec.policy,
         # The records, on the head: synced down with the outputs, also after an interruption.
         sweep_dir=Path(spec.sweep_dir).resolve(),
-        configs=spec.configs,
         live=spec.live and _have_rich(),
         width=spec.width,
         already_done=spec.already_done,

@@ -166,6 +166,9 @@ class JobOutcome:
     status: str = SUCCEEDED
     # Taken from the record of an earlier run of the sweep (resume), not run now.
     resumed: bool = False
+    # What the job asked Ray for ({"CPU": 2, "GPU": 1}), where hydra.launcher.ray
+    # .remote differs per job; None where every job asks for the same.
+    resources: dict[str, float] | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Unpickled (from a worker, the head's returns, a record): the job's

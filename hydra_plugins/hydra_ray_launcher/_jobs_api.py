@@ -44,6 +44,7 @@ from ._head_driver import (
 from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state, composed_here, dumps_for_cluster
 from ._records import RECORD_DIR, move_records_home, moved_home, read_record
 from ._redact import redacted
+from ._resources import for_sweep
 from ._scratch import scratch_dir
 from ._storage import storage_problems
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
@@ -613,12 +614,15 @@ def _stage(
         )
         subprocess.run(cmd, check=True)
     context = launcher.hydra_context
+    configs = composed_here(context, config, current.to_run)
+    # Each job's hydra.launcher.ray.remote, where it interpolates into the job's
+    # config: a value that does not resolve is refused here, before the upload.
+    for_sweep(context, config, configs).resolve_ahead(current.to_run)
     spec = JobSpec(
         state=capture_sweep_state(context, launcher.task_function, config),
         jobs=current.to_run,
-        configs=composed_here(context, config, current.to_run),
+        configs=configs,
         init=plain_dict(settings.ray.init),
-        remote=plain_dict(settings.ray.remote),
         sweep_dir=str(book.sweep_dir),
         code_dir="code" if sync.source_dir is not None else None,
         policy=book.settings.policy,

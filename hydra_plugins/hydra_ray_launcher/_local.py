@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from ._gather import JobDirs, gather_outputs
 from ._jobs import JobOutcome, JobStarted, capture_sweep_state, composed_here
 from ._procs import descendants, kill_new_descendants
 from ._redact import redacted
+from ._resources import for_sweep
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._validate import ConfigError, plain_dict, ray_init_kwargs, refuse, sweep_problems
 
@@ -63,12 +64,11 @@ def launch(
         launcher.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
     book = launcher.book
     init = plain_dict(settings.ray.init)
-    remote = plain_dict(settings.ray.remote)
 
     try:
         with batch(book, job_overrides, initial_job_idx) as current:
             if current.to_run:
-                current.outcomes = _run_here(launcher, book, current, init, remote)
+                current.outcomes = _run_here(launcher, book, current, init)
         return current.returns
     except KeyboardInterrupt:
         stop_ray()
@@ -80,21 +80,27 @@ def _run_here(
     book: SweepBook,
     current: Batch,
     init: dict[str, Any],
-    remote: dict[str, Any],
 ) -> list[JobOutcome]:
     """Start (or connect to) Ray once, ship the sweep state once, run the batch."""
     assert launcher.config is not None
     assert launcher.hydra_context is not None and launcher.task_function is not None
     config = launcher.config
+    # Each job's hydra.launcher.ray.remote, where it interpolates into the job's
+    # config: a value that does not resolve is refused before Ray starts.
+    resources = for_sweep(launcher.hydra_context, config)
+    resources.resolve_ahead(current.to_run)
     start_ray(init)
-    _check_schedulable(remote, connected=bool(init.get("address") or os.environ.get("RAY_ADDRESS")))
+    connected = bool(init.get("address") or os.environ.get("RAY_ADDRESS"))
+    for options, jobs in resources.distinct(current.to_run):
+        _check_schedulable(options, jobs, connected=connected)
     if launcher.shipped is None or not launcher.shipped.is_current():
         state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
         launcher.shipped = _engine.ship_state(state)
-    configs = None
     if not _engine.single_machine():
         # Other machines need not have the app's config files.
         configs = composed_here(launcher.hydra_context, config, current.to_run)
+        if configs is not None:
+            resources = for_sweep(launcher.hydra_context, config, configs)
 
     def started(event: JobStarted) -> None:
         book.started_on[event.idx] = event.node
@@ -102,10 +108,9 @@ def _run_here(
     return _engine.run_batch_here(
         launcher.shipped,
         current.to_run,
-        remote,
+        resources,
         policy=book.settings.policy,
         sweep_dir=book.sweep_dir,
-        configs=configs,
         live=book.settings.live,
         already_done=current.already_done,
         # On a cluster of several machines, bring home what jobs wrote on the others.
@@ -116,20 +121,27 @@ def _run_here(
     )
 
 
-def _check_schedulable(remote: dict[str, Any], *, connected: bool) -> None:
+def _check_schedulable(
+    remote: Mapping[str, Any], jobs: Sequence[int] | None, *, connected: bool
+) -> None:
     """A job no node can run would wait forever: refuse on a Ray of fixed size
-    (the local one), warn on a cluster (its autoscaler may add such nodes)."""
+    (the local one), warn on a cluster (its autoscaler may add such nodes).
+    `jobs`: the jobs that ask for `remote`; None: every job."""
     why = _engine.unschedulable(remote)
     if why is None:
         return
+    which = "a job" if jobs is None else "job #" + ", #".join(map(str, jobs))
     if connected:
         log.warning(
-            f"No node of the cluster can run a job now ({why}): the jobs wait until the "
+            f"No node of the cluster can run {which} now ({why}): it waits until the "
             "cluster has such a node (hydra.launcher.ray.remote)"
         )
         return
+    refused = (
+        "No job can run" if jobs is None else f"No node can run job #{', #'.join(map(str, jobs))}"
+    )
     raise ConfigError(
-        f"No job can run on this Ray: {why}. Lower hydra.launcher.ray.remote.num_cpus / "
+        f"{refused} on this Ray: {why}. Lower hydra.launcher.ray.remote.num_cpus / "
         "num_gpus / memory / resources, or give the local Ray more "
         "(hydra.launcher.ray.init.num_cpus, ...)"
     )

@@ -29,9 +29,10 @@ from omegaconf.errors import (
 
 from ._engine import Job
 from ._redact import redacted
-from ._report import describe
+from ._report import describe, described
+from ._resources import JobResources, ResourceError, for_sweep, request
 from ._sync import rsync_command
-from ._validate import ConfigError, without_nulls
+from ._validate import ConfigError, plain_dict, without_nulls
 
 if TYPE_CHECKING:
     from ._sweep import SweepBook, SweepSettings
@@ -145,11 +146,13 @@ def _unresolvable(cfg: DictConfig) -> str | None:
 def plan_settings(plan: Plan, checked: "SweepSettings", sweep_dir: Path) -> None:
     """The keys that shape the run, already checked."""
     timeout = f"{checked.job_timeout_s:g} s" if checked.job_timeout_s else "none"
+    cap = checked.max_concurrent_jobs
     plan.add(
         "Settings",
         [
             f"sweep dir: {sweep_dir.absolute()}",
             f"job_timeout_s: {timeout}; retries (a job that raises): {checked.retries}",
+            f"max_concurrent_jobs: {cap if cap is not None else 'as many as the resources allow'}",
             f"progress: {'live display' if checked.live else 'one line per job event'}",
             f"resume: {checked.resume}",
         ],
@@ -167,52 +170,76 @@ def plan_resume(plan: Plan, book: "SweepBook", jobs: Sequence[Job]) -> None:
         plan.add("Resume", [f"succeeded earlier, not run again: {nums}", f"to run: {len(to_run)}"])
 
 
-def plan_remote(plan: Plan, remote: Mapping[str, Any]) -> None:
-    """The `ray.remote` options every job's task gets, checked by ray.remote() itself."""
-    from ._validate import check_remote_options
-
-    options = plan.check(lambda: check_remote_options(remote))
-    if options is None:
-        return
-    shown = ", ".join(f"{k}={v}" for k, v in redacted(options).items())
-    plan.add("Each job (ray.remote)", [shown or "Ray's defaults (num_cpus=1)"])
+# Each distinct set of a batch's ray.remote options, with the jobs that ask for
+# it (None: every job).
+OptionSets = list[tuple[dict[str, Any], list[int] | None]]
 
 
-def plan_local_capacity(plan: Plan, init: Mapping[str, Any], remote: Mapping[str, Any]) -> None:
-    """For a new local Ray: can this machine run one job at all?"""
+def plan_resources(plan: Plan, resources: JobResources, jobs: Sequence[Job]) -> OptionSets:
+    """The `ray.remote` options the jobs' tasks get, each distinct set checked by
+    ray.remote() itself; where they differ per job, grouped by the jobs that ask
+    for each set, and a job whose values do not resolve is a problem."""
+    if resources.shared is not None:
+        shown = ", ".join(f"{k}={v}" for k, v in redacted(resources.shared).items())
+        plan.add("Each job (ray.remote)", [shown or "Ray's defaults (num_cpus=1)"])
+        return [(resources.shared, None)]
+    groups: dict[str, tuple[dict[str, Any], list[int]]] = {}
+    for job in jobs:
+        try:
+            options, _ = resources.options(job)
+        except ResourceError as exc:
+            plan.problems.append(str(exc))
+            continue
+        groups.setdefault(repr(sorted(options.items())), (options, []))[1].append(job.idx)
+    lines = []
+    for options, idxs in groups.values():
+        shown = ", ".join(f"{k}={v}" for k, v in redacted(options).items())
+        which = "job #" if len(idxs) == 1 else "jobs #"
+        lines.append(
+            f"{which}{', #'.join(map(str, idxs))}: {described(request(options))} ({shown})"
+        )
+    plan.add(f"Resources per job ({', '.join(resources.interpolated)} differ per job)", lines)
+    return list(groups.values())
+
+
+def plan_local_capacity(
+    plan: Plan, init: Mapping[str, Any], remote: Mapping[str, Any], jobs: list[int] | None
+) -> None:
+    """For a new local Ray: can this machine run `jobs` (None: every job) at all?"""
     options = without_nulls(init)
     need = without_nulls(remote)
+    which = "" if jobs is None else f" (job #{', #'.join(map(str, jobs))})"
     cpus = options.get("num_cpus", os.cpu_count() or 1)
     memory = options.get("memory", _physical_memory())
-    lines = [f"this machine's Ray: {cpus} CPUs, {memory / _GIB:.1f} GiB memory"]
     job_cpus = need.get("num_cpus", 1)
     if job_cpus > cpus:
         plan.problems.append(
-            f"hydra.launcher.ray.remote.num_cpus={job_cpus}: the local Ray has {cpus} CPUs, so "
-            "no job could ever start. Lower it, or raise hydra.launcher.ray.init.num_cpus"
+            f"hydra.launcher.ray.remote.num_cpus={job_cpus}{which}: the local Ray has {cpus} "
+            "CPUs, so no job could ever start. Lower it, or raise hydra.launcher.ray.init.num_cpus"
         )
     if need.get("memory", 0) > memory:
         plan.problems.append(
-            f"hydra.launcher.ray.remote.memory={need['memory']}: more than the "
+            f"hydra.launcher.ray.remote.memory={need['memory']}{which}: more than the "
             f"{memory} bytes of the local Ray. Lower it, or set hydra.launcher.ray.init.memory"
         )
     if need.get("num_gpus"):
         gpus = options.get("num_gpus")
         if gpus is None:
-            plan.notes.append("GPUs: Ray counts this machine's at start; the dry run does not")
+            note = "GPUs: Ray counts this machine's at start; the dry run does not"
+            if note not in plan.notes:
+                plan.notes.append(note)
         elif need["num_gpus"] > gpus:
             plan.problems.append(
-                f"hydra.launcher.ray.remote.num_gpus={need['num_gpus']}: the local Ray has "
-                f"{gpus} GPUs (hydra.launcher.ray.init.num_gpus). Lower one or raise the other"
+                f"hydra.launcher.ray.remote.num_gpus={need['num_gpus']}{which}: the local Ray "
+                f"has {gpus} GPUs (hydra.launcher.ray.init.num_gpus). Lower one or raise the other"
             )
     have = options.get("resources") or {}
     for name, amount in (need.get("resources") or {}).items():
         if have.get(name, 0) < amount:
             plan.problems.append(
-                f"hydra.launcher.ray.remote.resources.{name}={amount}: the local Ray has "
+                f"hydra.launcher.ray.remote.resources.{name}={amount}{which}: the local Ray has "
                 f"{have.get(name, 0)} of it. Give it with hydra.launcher.ray.init.resources"
             )
-    plan.add("Where the jobs run", lines)
 
 
 def _physical_memory() -> int:
@@ -400,10 +427,10 @@ def plan_sweep(
     config: DictConfig,
     job_overrides: Sequence[Sequence[str]],
     first: int,
-) -> None:
-    """What every launcher plans: the jobs, the settings, a resume, `ray.remote`."""
+) -> OptionSets:
+    """What every launcher plans: the jobs, the settings, a resume, `ray.remote`;
+    returns the distinct sets of ray.remote options."""
     from ._sweep import SweepBook, sweep_settings, task_overrides
-    from ._validate import plain_dict
 
     jobs = [Job(first + pos, list(ov)) for pos, ov in enumerate(job_overrides)]
     sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -412,12 +439,18 @@ def plan_sweep(
     if settings is not None:
         plan_settings(plan, settings, sweep_dir)
         plan_resume(plan, SweepBook(sweep_dir, task_overrides(config), settings), jobs)
-    plan_remote(plan, plain_dict(config.hydra.launcher.ray.remote))
+    resources = plan.check(lambda: for_sweep(hydra_context, config))
+    if resources is None:  # options ray.remote() refuses: still checked against the Ray
+        remote = without_nulls(plain_dict(config.hydra.launcher.ray.remote))
+        option_sets: OptionSets = [(remote, None)]
+    else:
+        option_sets = plan_resources(plan, resources, jobs)
     if first > 0:
         plan.notes.append(
             f"the sweeper gave a batch from job #{first}: a dry run plans the batch it is "
             "given (a sweeper that picks later jobs from earlier results cannot show those)"
         )
+    return option_sets
 
 
 def dry_run_local(
@@ -429,13 +462,20 @@ def dry_run_local(
 
     plan = Plan("ray")
     settings = config.hydra.launcher
-    plan_sweep(plan, hydra_context, config, job_overrides, first)
+    option_sets = plan_sweep(plan, hydra_context, config, job_overrides, first)
     init = plain_dict(settings.ray.init)
-    remote = plain_dict(settings.ray.remote)
     kwargs = ray_init_kwargs(init)
     address = kwargs.get("address") or os.environ.get("RAY_ADDRESS")
     if address in (None, "local"):
-        plan_local_capacity(plan, init, remote)
+        options = without_nulls(init)
+        cpus = options.get("num_cpus", os.cpu_count() or 1)
+        memory = options.get("memory", _physical_memory())
+        for remote, jobs in option_sets:
+            plan_local_capacity(plan, init, remote, jobs)
+        plan.add(
+            "Where the jobs run",
+            [f"this machine's Ray: {cpus} CPUs, {memory / _GIB:.1f} GiB memory"],
+        )
     else:
         # A probe of the address (and its token), as the run makes before ray.init().
         plan.check(lambda: check_connection(kwargs))

@@ -327,6 +327,7 @@ def _summary_entry(o: JobOutcome) -> dict[str, Any]:
         "started": _iso(o.started) if ran else None,
         "ended": _iso(o.ended) if ran else None,
         "node": o.node or None,
+        "resources": o.resources,
         "output_dir": output_dir(ret),
         "error": o.error,
         "return_value": _jsonable(ret._return_value) if o.status == SUCCEEDED else None,

@@ -64,7 +64,10 @@ def redacted_hydra_config(hydra_cfg: DictConfig) -> DictConfig:
         return hydra_cfg
     plain = OmegaConf.to_container(launcher, resolve=False)
     hidden = redacted(plain)
-    overrides = list(OmegaConf.select(hydra_cfg, "hydra.overrides.hydra", default=None) or [])
+    # As written: an override with an interpolation into the job's config
+    # (`hydra.launcher.ray.remote.num_gpus=${model.gpus}`) does not resolve here.
+    node = OmegaConf.select(hydra_cfg, "hydra.overrides.hydra", default=None)
+    overrides = list(OmegaConf.to_container(node, resolve=False) or []) if node is not None else []
     hidden_overrides = [redacted_override(str(o)) for o in overrides]
     if hidden == plain and hidden_overrides == overrides:
         return hydra_cfg

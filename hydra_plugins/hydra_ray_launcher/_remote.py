@@ -37,6 +37,7 @@ from ._head_driver import (
 )
 from ._jobs import JobOutcome, capture_sweep_state, composed_here, dumps_for_cluster
 from ._records import RECORD_DIR, move_records_home, moved_home
+from ._resources import for_sweep
 from ._scratch import scratch_dir
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
@@ -105,12 +106,15 @@ def _job_spec(launcher: "RayAWSLauncher", book: SweepBook, current: Batch) -> Jo
     config = launcher.config
     settings = config.hydra.launcher
     context = launcher.hydra_context
+    configs = composed_here(context, config, current.to_run)
+    # Each job's hydra.launcher.ray.remote, where it interpolates into the job's
+    # config: a value that does not resolve is refused here, before the cluster.
+    for_sweep(context, config, configs).resolve_ahead(current.to_run)
     return JobSpec(
         state=capture_sweep_state(context, launcher.task_function, config),
         jobs=current.to_run,
-        configs=composed_here(context, config, current.to_run),
+        configs=configs,
         init=plain_dict(settings.ray.init),
-        remote=plain_dict(settings.ray.remote),
         sweep_dir=str(book.sweep_dir),
         code_dir=_code_dir(settings.sync_up),
         policy=book.settings.policy,

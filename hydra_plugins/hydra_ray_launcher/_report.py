@@ -37,6 +37,11 @@ def describe(overrides: Sequence[str]) -> str:
     return " ".join(filter_overrides(overrides))
 
 
+def described(resources: dict[str, float]) -> str:
+    """A job's resources as the log and the summary show them: {CPU: 2, GPU: 0.5}."""
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in resources.items()) + "}"
+
+
 def want_live(progress: bool) -> bool:
     """The live display is for a person at a terminal; logs and CI get lines."""
     return progress and sys.stdout.isatty() and os.environ.get("TERM", "") != "dumb"
@@ -76,9 +81,13 @@ class SweepProgress:
 
     # ---- Events, from the engine ----
 
-    def started(self, idx: int, node: str, attempt: int) -> None:
+    def started(
+        self, idx: int, node: str, attempt: int, resources: dict[str, float] | None = None
+    ) -> None:
         self._running[idx] = node
         text = f"#{idx} : {describe(self._overrides[idx])} started on {node}"
+        if resources is not None:
+            text += f" with {described(resources)}"
         if attempt > 1:
             text += f" (attempt {attempt})"
         self._event(text, logging.INFO, quiet_when_live=True)
@@ -255,6 +264,8 @@ def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int 
         hidden = "\n" + hidden
         rows = shown
     table = Table(box=box.SIMPLE_HEAD if terminal else box.ASCII, title_justify="left")
+    # Resources only where hydra.launcher.ray.remote differs per job.
+    per_job = any(o.resources is not None for o in rows)
     for name, justify in (
         ("#", "right"),
         ("overrides", "left"),
@@ -262,6 +273,7 @@ def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int 
         ("duration", "right"),
         ("attempts", "right"),
         ("node", "left"),
+        *([("resources", "left")] if per_job else []),
         ("error", "left"),
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -276,6 +288,7 @@ def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int 
             Text(f"{o.duration:.1f} s" if o.status != INTERRUPTED else ""),
             Text(f"{o.attempt} +{o.ray_reruns} Ray" if o.ray_reruns else str(o.attempt)),
             Text(o.node),
+            *([Text(described(o.resources) if o.resources else "")] if per_job else []),
             Text(o.error or ""),
         )
     buf = io.StringIO()

@@ -51,10 +51,15 @@ class SweepSettings:
     retries: int
     job_timeout_s: float | None
     resume: bool
+    max_concurrent_jobs: int | None = None
 
     @property
     def policy(self) -> Policy:
-        return Policy(retries=self.retries, job_timeout_s=self.job_timeout_s)
+        return Policy(
+            retries=self.retries,
+            job_timeout_s=self.job_timeout_s,
+            max_concurrent_jobs=self.max_concurrent_jobs,
+        )
 
     @property
     def live(self) -> bool:
@@ -78,6 +83,7 @@ def sweep_settings(launcher: DictConfig) -> SweepSettings:
         retries=int(retries),
         job_timeout_s=None if timeout is None else float(timeout),
         resume=bool(launcher.resume),
+        max_concurrent_jobs=launcher.get("max_concurrent_jobs"),
     )
 
 

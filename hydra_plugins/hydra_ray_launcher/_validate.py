@@ -18,6 +18,7 @@ from typing import Any
 
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def ray_init_kwargs(init: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
-    """`retries` and `job_timeout_s` values that cannot work."""
+    """`retries`, `job_timeout_s` and `max_concurrent_jobs` values that cannot work."""
     problems = []
     retries = launcher_cfg.retries
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
@@ -102,6 +103,15 @@ def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "limit" + (" (not inf)" if timeout == math.inf else "")
             )
         )
+    cap = launcher_cfg.get("max_concurrent_jobs")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        problems.append(
+            ConfigError(
+                f"hydra.launcher.max_concurrent_jobs={cap} is not valid: set it to how many "
+                "jobs may run at once (a whole number >= 1), or to null for as many as the "
+                "cluster's resources allow"
+            )
+        )
     return problems
 
 
@@ -113,6 +123,8 @@ def sweep_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
         check_remote_options(plain_dict(launcher_cfg.ray.remote))
     except ConfigError as exc:
         problems.append(exc)
+    except OmegaConfBaseException:
+        pass  # it interpolates into each job's own config: checked per job (_resources)
     return problems
 
 

@@ -175,6 +175,44 @@ def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
     _no_leftovers(fake_hosts)
 
 
+def test_a_job_whose_own_config_asks_for_a_resource_only_the_worker_has_runs_there(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    """hydra.launcher.ray.remote interpolates into each job's config, resolved
+    per job by the driver on the head: the `large` job asks for 2 CPUs and a
+    "disk", which only the worker has; the `small` one for 1 CPU."""
+    config = fake_hosts.local_cluster_config(
+        unique_cluster_name("rsc"),
+        num_cpus=2,
+        worker_resources={"disk": 1},
+        head_args=["--include-dashboard=false"],
+    )
+    cluster_yaml = tmp_path / "cluster.yaml"
+    cluster_yaml.write_text(yaml.safe_dump(config))
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps", app)
+    res = _run(
+        fake_hosts,
+        tmp_path,
+        app,
+        "resources_app.py",
+        "--multirun",
+        "model=small,large",
+        "hydra.launcher.ray.remote.num_gpus=0",  # no GPU on these hosts
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={cluster_yaml}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
+    assert res.returncode == 0, res.stdout
+    sweep = tmp_path / "sweep"
+    got = [json.loads((sweep / str(n) / "resources.json").read_text()) for n in range(2)]
+    assert [g["assigned"] for g in got] == [{"CPU": 1.0}, {"CPU": 2.0, "disk": 1.0}]
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert jobs[1]["node"] == fake_hosts.address("worker"), res.stdout
+    assert "with {CPU: 2, disk: 1}" in res.stdout
+    _no_leftovers(fake_hosts)
+
+
 def test_resume_on_a_cluster_runs_only_what_did_not_succeed(
     fake_hosts: FakeHosts, tmp_path: Path
 ) -> None:
