@@ -154,9 +154,12 @@ def test_a_job_resolved_as_it_is_submitted_fails_alone_when_its_value_does_not_r
         temp_dir=tmp_path / "sweep",
     )
     # Hydra's basic sweeper raises the failed job's error once the batch is done.
-    with pytest.raises(
-        JobError, match=r"Job #1 \(.*\+a=none\): hydra.launcher.ray.remote.num_cpus="
-    ), sweep:
+    with (
+        pytest.raises(
+            JobError, match=r"Job #1 \(.*\+a=none\): hydra.launcher.ray.remote.num_cpus="
+        ),
+        sweep,
+    ):
         pass
     summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
     assert [j["status"] for j in summary["jobs"]] == ["succeeded", "failed", "succeeded"]

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> Any:
     got = {
         "model": cfg.model.name,
-        "assigned": ray.get_runtime_context().get_assigned_resources(),
+        "assigned": ray.get_runtime_context().get_assigned_resources(),  # type: ignore[no-untyped-call]
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "start": time.time(),
     }
