@@ -112,6 +112,8 @@ RAY_AWS_DEFAULTS: dict[str, Any] = {
     "progress": True,
     "job_timeout_s": None,
     "max_concurrent_jobs": None,
+    "stop_grace_s": 10.0,
+    "retry_timed_out": False,
     "retries": 0,
     "resume": False,
     "dry_run": False,
@@ -600,11 +602,14 @@ def test_the_guides_logging_values_pass() -> None:
 
 def test_ray_prints_the_long_sweep_keys_with_their_defaults(tmp_path: Path) -> None:
     printed = _printed_launcher("ray", cwd=tmp_path)
-    keys = ("progress", "job_timeout_s", "max_concurrent_jobs", "retries", "resume", "dry_run")
+    keys = ["progress", "job_timeout_s", "max_concurrent_jobs", "stop_grace_s", "retry_timed_out"]
+    keys += ["retries", "resume", "dry_run"]
     assert {k: printed[k] for k in keys} == {
         "progress": True,
         "job_timeout_s": None,
         "max_concurrent_jobs": None,
+        "stop_grace_s": 10.0,
+        "retry_timed_out": False,
         "retries": 0,
         "resume": False,
         "dry_run": False,

@@ -141,7 +141,9 @@ def test_a_job_past_its_timeout_is_cancelled_and_the_others_go_on(
     assert [jobs[i]["status"] for i in range(3)] == ["succeeded", "timed out", "succeeded"]
     assert "timed out after 4 s" in jobs[1]["error"]
     assert jobs[1]["node"] == jobs[0]["node"]  # where it ran, from its start event
-    assert 4 <= jobs[1]["duration_s"] < 10
+    # The catchable stop at 4 s reaches a job in time.sleep only when the sleep
+    # ends: it is cancelled by force after hydra.launcher.stop_grace_s (10 s).
+    assert 14 <= jobs[1]["duration_s"] < 20
     # The sweep ended long before the sleeping job would have (60 s).
     assert elapsed < 45, elapsed
     # It was cancelled, not left to finish: it never wrote its result.

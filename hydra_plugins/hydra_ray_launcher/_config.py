@@ -98,6 +98,12 @@ class SweepRunConf:
     # others wait in the driver, in job order, and count as queued. null: as many
     # as the cluster's resources allow.
     max_concurrent_jobs: int | None = None
+    # A job past job_timeout_s is first stopped catchably (KeyboardInterrupt raised
+    # in the job: its chance to save a checkpoint), then, this many seconds later,
+    # cancelled by force.
+    stop_grace_s: float = 10.0
+    # true: a job that timed out runs again (in its own job dir), within `retries`.
+    retry_timed_out: bool = False
     # How many more times a job whose task function raises runs again (in the same
     # job dir). A job whose process or node dies is retried by Ray: ray.remote.max_retries.
     retries: int = 0

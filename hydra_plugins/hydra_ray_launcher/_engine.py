@@ -83,6 +83,11 @@ class Policy:
     job_timeout_s: float | None = None
     # At most this many attempts in flight; None: as many as in_flight_limit().
     max_concurrent_jobs: int | None = None
+    # An attempt past its timeout is first stopped catchably (KeyboardInterrupt in
+    # the job, Ray's own cancel), then cancelled by force this long after.
+    stop_grace_s: float = 10.0
+    # A timed-out job runs again, within `retries`, like one that raised.
+    retry_timed_out: bool = False
 
 
 @dataclass
@@ -100,6 +105,8 @@ class _Attempt:
     job_dir: str | None = None
     # The pid of the worker process it said it runs in.
     pid: int | None = None
+    # time.monotonic() when it was asked to stop (past its timeout); None: not asked.
+    stop_asked: float | None = None
 
 
 def run_batch_here(
@@ -246,6 +253,16 @@ def run_jobs(
                 "hydra.launcher.resume=true would run this job again"
             )
 
+    def end(attempt: _Attempt, outcome: JobOutcome) -> None:
+        """The attempt's outcome: final, or the job runs again (a raise, or a
+        timeout with retry_timed_out) while attempts are left."""
+        again = outcome.task_raised or (outcome.status == TIMED_OUT and policy.retry_timed_out)
+        if again and attempt.number < attempts:
+            progress.retrying(outcome, attempt.number + 1)
+            submit(_Attempt(attempt.job, attempt.number + 1, attempt.config, attempt.options))
+        else:
+            finish(outcome)
+
     def started(item: JobStarted) -> None:
         if on_started is not None:
             on_started(item)
@@ -260,9 +277,21 @@ def run_jobs(
         top_up()
         while running:
             wait_s = _wait_s(running, policy, poll=board is not None)
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=wait_s)
-            if ready and len(running) > 1:  # everything else that is ready too, without waiting
-                ready, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
+            # A job asked to stop reads as ready to ray.wait at once, though its
+            # next item is not: those are polled apart, below (_wait_s is 1 s at most).
+            waiting = [ref for ref, a in running.items() if a.stop_asked is None]
+            ready: list[Any] = []
+            if waiting:
+                ready, _ = ray.wait(waiting, num_returns=1, timeout=wait_s)
+                if ready and len(waiting) > 1:  # all else that is ready, without waiting
+                    ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+            elif wait_s:
+                time.sleep(wait_s)
+            for ref, attempt in list(running.items()):
+                if attempt.stop_asked is not None and _ended(ref):
+                    # It ended after its stop (saved its work, or not): timed out all the same.
+                    settled(ref)
+                    end(attempt, _timed_out(attempt, policy))
             if board is not None:
                 for event in ray.get(board.drain.remote()):
                     started(event)
@@ -273,18 +302,22 @@ def run_jobs(
                     started(item)
                     continue
                 settled(ref)
-                if item.task_raised and attempt.number < attempts:
-                    progress.retrying(item, attempt.number + 1)
-                    again = _Attempt(
-                        attempt.job, attempt.number + 1, attempt.config, attempt.options
-                    )
-                    submit(again)
-                else:
-                    finish(item)
+                end(attempt, item)
             for ref, attempt in list(_overdue(running, policy)):
+                if attempt.stop_asked is None and policy.stop_grace_s > 0:
+                    # Its chance to save its work: KeyboardInterrupt in the job.
+                    ray.cancel(ref, force=False)
+                    attempt.stop_asked = time.monotonic()
+                    log.warning(
+                        f"#{attempt.job.idx} : {describe(attempt.job.overrides)} ran past "
+                        f"hydra.launcher.job_timeout_s={policy.job_timeout_s:g}: stopping it "
+                        "(KeyboardInterrupt in the job); cancelled by force in "
+                        f"{policy.stop_grace_s:g} s (hydra.launcher.stop_grace_s)"
+                    )
+                    continue
                 ray.cancel(ref, force=True)
                 settled(ref)
-                finish(_timed_out(attempt, policy))
+                end(attempt, _timed_out(attempt, policy))
             top_up()
     except BaseException as exc:
         # Whatever ends the run early (Ctrl-C, a bug, a lost connection), no job
@@ -364,19 +397,37 @@ def _wait_s(running: Mapping[Any, _Attempt], policy: Policy, *, poll: bool) -> f
     at most a second when start events are to be polled."""
     if policy.job_timeout_s is None:
         return 1.0 if poll else None
-    deadlines = [a.started + policy.job_timeout_s for a in running.values() if a.started]
+    deadlines = [d for a in running.values() if (d := _deadline(a, policy)) is not None]
     # Queued jobs start without telling ray.wait: look again within a second.
     return max(0.0, min([*deadlines, time.monotonic() + 1.0]) - time.monotonic())
 
 
+def _ended(ref: Any) -> bool:
+    """Whether the job's task has ended, without waiting (for a generator, its
+    completion ref: its stream reads as finished once a stop is asked)."""
+    import ray
+
+    done = ref.completed() if isinstance(ref, ray.ObjectRefGenerator) else ref
+    ready, _ = ray.wait([done], timeout=0)
+    return bool(ready)
+
+
+def _deadline(attempt: _Attempt, policy: Policy) -> float | None:
+    """When the attempt is to be stopped (past its timeout), or, once asked to
+    stop, cancelled by force; None: never (no timeout, or not started)."""
+    if policy.job_timeout_s is None or attempt.started is None:
+        return None
+    if attempt.stop_asked is not None:
+        return attempt.stop_asked + policy.stop_grace_s
+    return attempt.started + policy.job_timeout_s
+
+
 def _overdue(running: Mapping[Any, _Attempt], policy: Policy) -> list[tuple[Any, _Attempt]]:
-    if policy.job_timeout_s is None:
-        return []
     now = time.monotonic()
     return [
-        (gen, a)
-        for gen, a in running.items()
-        if a.started is not None and now - a.started > policy.job_timeout_s
+        (ref, a)
+        for ref, a in running.items()
+        if (deadline := _deadline(a, policy)) is not None and now > deadline
     ]
 
 

@@ -152,6 +152,7 @@ def plan_settings(plan: Plan, checked: "SweepSettings", sweep_dir: Path) -> None
         [
             f"sweep dir: {sweep_dir.absolute()}",
             f"job_timeout_s: {timeout}; retries (a job that raises): {checked.retries}",
+            f"stop_grace_s: {checked.stop_grace_s:g} s; retry_timed_out: {checked.retry_timed_out}",
             f"max_concurrent_jobs: {cap if cap is not None else 'as many as the resources allow'}",
             f"progress: {'live display' if checked.live else 'one line per job event'}",
             f"resume: {checked.resume}",

@@ -52,6 +52,8 @@ class SweepSettings:
     job_timeout_s: float | None
     resume: bool
     max_concurrent_jobs: int | None = None
+    stop_grace_s: float = 10.0
+    retry_timed_out: bool = False
 
     @property
     def policy(self) -> Policy:
@@ -59,6 +61,8 @@ class SweepSettings:
             retries=self.retries,
             job_timeout_s=self.job_timeout_s,
             max_concurrent_jobs=self.max_concurrent_jobs,
+            stop_grace_s=self.stop_grace_s,
+            retry_timed_out=self.retry_timed_out,
         )
 
     @property
@@ -84,6 +88,8 @@ def sweep_settings(launcher: DictConfig) -> SweepSettings:
         job_timeout_s=None if timeout is None else float(timeout),
         resume=bool(launcher.resume),
         max_concurrent_jobs=launcher.get("max_concurrent_jobs"),
+        stop_grace_s=float(launcher.get("stop_grace_s", 10.0)),
+        retry_timed_out=bool(launcher.get("retry_timed_out", False)),
     )
 
 

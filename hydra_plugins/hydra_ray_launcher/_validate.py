@@ -103,6 +103,15 @@ def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "limit" + (" (not inf)" if timeout == math.inf else "")
             )
         )
+    grace = launcher_cfg.get("stop_grace_s", 10.0)
+    if not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
+        problems.append(
+            ConfigError(
+                f"hydra.launcher.stop_grace_s={grace} is not valid: set it to the seconds a job "
+                "past its timeout has to save its work before it is cancelled by force (a "
+                "finite number >= 0; 0: cancel at once)"
+            )
+        )
     cap = launcher_cfg.get("max_concurrent_jobs")
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         problems.append(

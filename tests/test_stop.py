@@ -1,0 +1,72 @@
+"""A job past `job_timeout_s` gets a chance to save its work: a catchable stop
+(KeyboardInterrupt in the job) first, the forced cancel `stop_grace_s` later;
+with `retry_timed_out`, its next attempt continues from what it saved."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .conftest import AppRun, run_app
+
+
+def _sweep(ray_session: str, tmp_path: Path, *overrides: str) -> AppRun:
+    return run_app(
+        "checkpoint_app.py",
+        "+n=1",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        "hydra.launcher.job_timeout_s=3",
+        "hydra.sweep.dir=sweep",
+        *overrides,
+        cwd=tmp_path,
+    )
+
+
+def _job(tmp_path: Path) -> dict[str, Any]:
+    job: dict[str, Any] = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())[
+        "jobs"
+    ][0]
+    return job
+
+
+def test_a_job_past_its_timeout_saves_a_checkpoint_before_it_is_cancelled(
+    ray_session: str, tmp_path: Path
+) -> None:
+    res = _sweep(ray_session, tmp_path)
+    assert res.returncode != 0, res.output
+    job_dir = tmp_path / "sweep" / "0"
+    assert (job_dir / "checkpoint").is_file(), res.output
+    assert not (job_dir / "done").exists()
+    assert "stopping it (KeyboardInterrupt in the job)" in res.output
+    job = _job(tmp_path)
+    assert job["status"] == "timed out" and "timed out after 3 s" in job["error"]
+
+
+def test_with_retry_timed_out_the_next_attempt_continues_from_the_checkpoint(
+    ray_session: str, tmp_path: Path
+) -> None:
+    res = _sweep(
+        ray_session, tmp_path, "hydra.launcher.retry_timed_out=true", "hydra.launcher.retries=1"
+    )
+    assert res.returncode == 0, res.output
+    job_dir = tmp_path / "sweep" / "0"
+    assert (job_dir / "resumed").read_text() == (job_dir / "checkpoint").read_text()
+    job = _job(tmp_path)
+    assert (job["status"], job["attempts"], job["return_value"]) == ("succeeded", 2, "resumed")
+
+
+def test_a_job_that_ignores_the_stop_is_cancelled_by_force_after_the_grace(
+    ray_session: str, tmp_path: Path
+) -> None:
+    res = _sweep(ray_session, tmp_path, "ignore_stop=true", "hydra.launcher.stop_grace_s=2")
+    assert res.returncode != 0, res.output
+    job_dir = tmp_path / "sweep" / "0"
+    assert (job_dir / "stop_ignored").is_file(), res.output
+    assert not (job_dir / "done").exists() and not (job_dir / "checkpoint").exists()
+    assert _job(tmp_path)["status"] == "timed out"
+
+
+def test_a_grace_that_cannot_work_is_refused_naming_the_key(tmp_path: Path) -> None:
+    res = run_app("checkpoint_app.py", "+n=1", "hydra.launcher.stop_grace_s=-1", cwd=tmp_path)
+    assert res.returncode != 0
+    assert "hydra.launcher.stop_grace_s=-1.0 is not valid" in res.output, res.output
+    assert "Initializing ray" not in res.output
