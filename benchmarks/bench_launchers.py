@@ -10,6 +10,8 @@ Run by hand, on an otherwise idle machine:
     .venv/bin/python benchmarks/bench_launchers.py --scenario trivial10000   # about an hour
     .venv/bin/python benchmarks/bench_launchers.py --scenario trivial1000 --scenario trivial10000 \
         --launcher ray                    # the jobs phase's ratio, 10,000 jobs to 1,000
+    .venv/bin/python benchmarks/bench_launchers.py --scenario trivial1000 \
+        --launcher ray --launcher "ray per-job"   # the cost of per-job resources
 
 For each launcher and sweep it prints the medians of: the whole process's wall
 time; the time from the process's start to the launcher's `launch()` (Hydra's
@@ -59,6 +61,9 @@ LAUNCHERS = {
     "joblib": ["hydra/launcher=joblib"],
     "ray": ["hydra/launcher=ray"],
     "ray warm": ["hydra/launcher=ray"],
+    # ray.remote interpolating into each job's config: resolved per job (a compose
+    # per job in the launching process, handed to the job), against `ray`.
+    "ray per-job": ["hydra/launcher=ray", "hydra.launcher.ray.remote.num_cpus=${oc.select:cpus,1}"],
 }
 
 
@@ -276,7 +281,7 @@ def main() -> None:
             walls: dict[str, float] = {}
             said: dict[str, float | None] = {}
             for launcher in launchers:
-                extra = ray_overrides if launcher == "ray" else []
+                extra = ray_overrides if launcher in ("ray", "ray per-job") else []
                 cmd = [sys.executable, str(APP), "--multirun", *sweep, *LAUNCHERS[launcher]]
                 run_env = warm_env if "warm" in launcher else env
                 run = median_run(args.runs, cmd + extra, cwd, run_env)
