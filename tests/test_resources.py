@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from hydra_plugins.hydra_ray_launcher._jobs import JobError
 
 from .conftest import SMALL_RAY, AppRun, run_app
+from .test_engine import _sweep as sweep_in_process
 
 # A local Ray of its own: 3 CPUs, 2 GPUs, one "disk".
 GPU_RAY = [
@@ -136,22 +137,16 @@ def test_a_job_resolved_as_it_is_submitted_fails_alone_when_its_value_does_not_r
     def task(cfg: DictConfig) -> str:
         return str(cfg.a)
 
-    sweep = hydra_sweep_runner(
-        calling_file=None,
-        calling_module="hydra.test_utils.a_module",
-        task_function=task,
-        config_path="configs",
-        config_name="compose.yaml",
-        overrides=[
-            "hydra/launcher=ray",
-            f"hydra.launcher.ray.init.address={ray_session}",
-            "+cpus={one: 1, half: 0.5}",
-            # Hydra instantiates the launcher from the sweep's own config, which has no
-            # `a`: it must resolve there too.
-            "hydra.launcher.ray.remote.num_cpus='${cpus.${oc.select:a,one}}'",
-            "+a=one,none,half",
-        ],
-        temp_dir=tmp_path / "sweep",
+    sweep = sweep_in_process(
+        hydra_sweep_runner,
+        task,
+        tmp_path,
+        f"hydra.launcher.ray.init.address={ray_session}",
+        "+cpus={one: 1, half: 0.5}",
+        # Hydra instantiates the launcher from the sweep's own config, which has no
+        # `a`: it must resolve there too.
+        "hydra.launcher.ray.remote.num_cpus='${cpus.${oc.select:a,one}}'",
+        "+a=one,none,half",
     )
     # Hydra's basic sweeper raises the failed job's error once the batch is done.
     with (
