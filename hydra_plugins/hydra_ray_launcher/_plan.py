@@ -30,7 +30,7 @@ from omegaconf.errors import (
 from ._engine import Job
 from ._redact import redacted
 from ._report import describe, described
-from ._resources import JobResources, ResourceError, for_sweep, request
+from ._resources import JobResources, for_sweep, request
 from ._sync import rsync_command
 from ._validate import ConfigError, plain_dict, without_nulls
 
@@ -184,23 +184,18 @@ def plan_resources(plan: Plan, resources: JobResources, jobs: Sequence[Job]) -> 
         shown = ", ".join(f"{k}={v}" for k, v in redacted(resources.shared).items())
         plan.add("Each job (ray.remote)", [shown or "Ray's defaults (num_cpus=1)"])
         return [(resources.shared, None)]
-    groups: dict[str, tuple[dict[str, Any], list[int]]] = {}
-    for job in jobs:
-        try:
-            options, _ = resources.options(job)
-        except ResourceError as exc:
-            plan.problems.append(str(exc))
-            continue
-        groups.setdefault(repr(sorted(options.items())), (options, []))[1].append(job.idx)
+    plan.problems += resources.resolve(jobs)
+    groups = resources.distinct(jobs)
     lines = []
-    for options, idxs in groups.values():
+    for options, idxs in groups:
+        assert idxs is not None  # per job: each set names its jobs
         shown = ", ".join(f"{k}={v}" for k, v in redacted(options).items())
         which = "job #" if len(idxs) == 1 else "jobs #"
         lines.append(
             f"{which}{', #'.join(map(str, idxs))}: {described(request(options))} ({shown})"
         )
     plan.add(f"Resources per job ({', '.join(resources.interpolated)} differ per job)", lines)
-    return list(groups.values())
+    return groups
 
 
 def plan_local_capacity(

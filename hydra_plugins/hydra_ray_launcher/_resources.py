@@ -12,6 +12,7 @@ Ray is imported inside functions: Hydra imports this module at every start.
 """
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -86,9 +87,17 @@ class JobResources:
         """Resolve the jobs' options in job order for AHEAD_S at most: raises
         ResourceError naming each job whose values do not resolve, before
         anything runs. Resolved options are kept for the submission."""
+        problems = self.resolve(jobs, budget_s=AHEAD_S)
+        if problems:
+            raise ResourceError("\n".join(problems))
+
+    def resolve(self, jobs: "Sequence[Job]", budget_s: float = math.inf) -> list[str]:
+        """Resolve the jobs' options in job order, for `budget_s` at most (the
+        dry run: all of them), keeping them for the submission; returns why
+        each job whose values do not resolve does not."""
         if not self.per_job:
-            return
-        deadline = time.monotonic() + AHEAD_S
+            return []
+        deadline = time.monotonic() + budget_s
         problems: list[str] = []
         for job in jobs:
             if time.monotonic() > deadline:
@@ -101,8 +110,7 @@ class JobResources:
                 self._ahead[job.idx] = self._resolve(job)
             except ResourceError as exc:
                 problems.append(str(exc))
-        if problems:
-            raise ResourceError("\n".join(problems))
+        return problems
 
     def distinct(self, jobs: "Sequence[Job]") -> list[tuple[dict[str, Any], list[int] | None]]:
         """Each distinct set of options with the jobs that ask for it (None: every
