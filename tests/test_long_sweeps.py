@@ -210,6 +210,7 @@ def test_an_interrupted_sweep_resumes_without_running_finished_jobs_again(
         "seconds=0.5",
         f"out={out}",
         f"hydra.launcher.ray.init.address={ray_session}",
+        "hydra.launcher.stop_grace_s=1",  # the sleeping jobs see no KeyboardInterrupt
     ]
     proc = subprocess.Popen(
         [

@@ -252,7 +252,13 @@ def test_ctrl_c_stops_the_ray_job_and_brings_home_what_finished(
 
     # Each job counts its runs here, outside the sweep dir (a rerun is not slow).
     runs = tmp_path / "runs"
-    sweep_args = ("x=1,2,3", "slow_first=[2,3]", "hydra.launcher.stop_wait_s=20", f"out={runs}")
+    sweep_args = (
+        "x=1,2,3",
+        "slow_first=[2,3]",
+        "hydra.launcher.stop_wait_s=20",
+        "hydra.launcher.stop_grace_s=2",  # the sleeping jobs are cancelled by force then
+        f"out={runs}",
+    )
     run = Launching(dashboard, tmp_path, *sweep_args)
     # Job #0 done, #1 and #2 running (60 s each): Ctrl-C.
     run.wait_for(lambda out: "succeeded in" in out and out.count("started on") == 3)
@@ -377,6 +383,24 @@ def test_an_agent_wait_that_cannot_work_is_refused_with_its_key(tmp_path: Path, 
     )
     assert res.returncode != 0
     assert "hydra.launcher.agent_wait_s=" in res.output, res.output
+    assert "Submitted" not in res.output and "Uploading package" not in res.output
+
+
+def test_a_stop_wait_shorter_than_the_jobs_grace_is_refused_naming_both_keys(
+    tmp_path: Path,
+) -> None:
+    res = run_app(
+        "app.py",
+        "x=1",
+        "hydra/launcher=ray_jobs",
+        "hydra.launcher.address=http://127.0.0.1:1",
+        "hydra.launcher.stop_grace_s=60",
+        cwd=tmp_path,
+        unset=FRESH_SHELL,
+    )
+    assert res.returncode != 0
+    says = "hydra.launcher.stop_wait_s=60 is too short for hydra.launcher.stop_grace_s=60"
+    assert says in res.output and "at least 65" in res.output, res.output
     assert "Submitted" not in res.output and "Uploading package" not in res.output
 
 

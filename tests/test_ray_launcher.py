@@ -152,6 +152,8 @@ def test_ctrl_c_cancels_jobs_and_stops_ray(tmp_path: Path) -> None:
             "seconds=120",
             f"out={out}",
             f"hydra.sweep.dir={tmp_path / 's'}",
+            # The sleeping jobs see no KeyboardInterrupt: their grace only delays the exit.
+            "hydra.launcher.stop_grace_s=1",
             *SMALL_RAY,
         ],
         cwd=tmp_path,

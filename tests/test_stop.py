@@ -1,12 +1,18 @@
-"""A job past `job_timeout_s` gets a chance to save its work: a catchable stop
-(KeyboardInterrupt in the job) first, the forced cancel `stop_grace_s` later;
-with `retry_timed_out`, its next attempt continues from what it saved."""
+"""A job past `job_timeout_s`, or running at Ctrl-C, gets a chance to save its
+work: a catchable stop (KeyboardInterrupt in the job) first, the forced cancel
+`stop_grace_s` later; with `retry_timed_out`, its next attempt continues from
+what it saved."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from .conftest import AppRun, run_app
+from .conftest import APPS, AppRun, processes_in_session, run_app
 
 
 def _sweep(ray_session: str, tmp_path: Path, *overrides: str) -> AppRun:
@@ -70,3 +76,89 @@ def test_a_grace_that_cannot_work_is_refused_naming_the_key(tmp_path: Path) -> N
     assert res.returncode != 0
     assert "hydra.launcher.stop_grace_s=-1.0 is not valid" in res.output, res.output
     assert "Initializing ray" not in res.output
+
+
+def _interrupted(ray_session: str, tmp_path: Path, *overrides: str, presses: int = 1) -> str:
+    """Ctrl-C (`presses` times, a second apart) once job #0 works; its output."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(APPS / "checkpoint_app.py"),
+            "--multirun",
+            "+n=1",
+            f"hydra.launcher.ray.init.address={ray_session}",
+            "hydra.sweep.dir=sweep",
+            *overrides,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "sweep" / "0" / "working").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.2)
+        for press in range(presses):
+            if press:
+                time.sleep(1)
+            proc.send_signal(signal.SIGINT)
+        # The app works for 60 s: an exit before then is the stop's doing.
+        output, _ = proc.communicate(timeout=50)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, output
+    assert processes_in_session(proc.pid) == []
+    return output
+
+
+def test_ctrl_c_lets_a_running_job_save_a_checkpoint_and_a_resume_continues_from_it(
+    ray_session: str, tmp_path: Path
+) -> None:
+    output = _interrupted(ray_session, tmp_path)
+    assert "Asked 1 running jobs to stop (KeyboardInterrupt in each" in output, output
+    job_dir = tmp_path / "sweep" / "0"
+    assert (job_dir / "checkpoint").is_file(), output
+    assert not (job_dir / "done").exists()
+    assert _job(tmp_path)["status"] == "interrupted"
+    res = run_app(
+        "checkpoint_app.py",
+        "+n=1",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        "hydra.sweep.dir=sweep",
+        "hydra.launcher.resume=true",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.output
+    assert (job_dir / "resumed").read_text() == (job_dir / "checkpoint").read_text()
+
+
+def test_after_ctrl_c_a_job_that_ignores_the_stop_is_cancelled_by_force_after_the_grace(
+    ray_session: str, tmp_path: Path
+) -> None:
+    output = _interrupted(
+        ray_session, tmp_path, "ignore_stop=true", "hydra.launcher.stop_grace_s=2"
+    )
+    job_dir = tmp_path / "sweep" / "0"
+    assert (job_dir / "stop_ignored").is_file(), output
+    assert not (job_dir / "checkpoint").exists() and not (job_dir / "done").exists()
+    assert "Interrupted again" not in output
+
+
+def test_a_second_ctrl_c_cancels_by_force_without_waiting_for_the_grace(
+    ray_session: str, tmp_path: Path
+) -> None:
+    # A grace longer than the app works: only the second Ctrl-C can end it sooner.
+    output = _interrupted(
+        ray_session,
+        tmp_path,
+        "ignore_stop=true",
+        "hydra.launcher.stop_grace_s=600",
+        presses=2,
+    )
+    assert "Interrupted again: cancelling the 1 running jobs by force" in output, output
+    assert (tmp_path / "sweep" / "0" / "stop_ignored").is_file(), output

@@ -321,10 +321,14 @@ def run_jobs(
             top_up()
     except BaseException as exc:
         # Whatever ends the run early (Ctrl-C, a bug, a lost connection), no job
-        # is left running on the cluster.
+        # is left running on the cluster. Ctrl-C first gives the running jobs
+        # their chance to save their work, as a timeout does.
         why = "Interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
         log.warning(f"{why}: cancelling {len(running) + len(queued)} unfinished jobs")
-        for ref in running:
+        left = list(running)
+        if isinstance(exc, KeyboardInterrupt) and policy.stop_grace_s > 0 and left:
+            left = _stop_gracefully(running, policy.stop_grace_s)
+        for ref in left:
             ray.cancel(ref, force=True)
         raise
     finally:
@@ -400,6 +404,36 @@ def _wait_s(running: Mapping[Any, _Attempt], policy: Policy, *, poll: bool) -> f
     deadlines = [d for a in running.values() if (d := _deadline(a, policy)) is not None]
     # Queued jobs start without telling ray.wait: look again within a second.
     return max(0.0, min([*deadlines, time.monotonic() + 1.0]) - time.monotonic())
+
+
+def _stop_gracefully(running: Mapping[Any, _Attempt], grace_s: float) -> list[Any]:
+    """Ask every running job to stop (KeyboardInterrupt in it; those asked
+    already, past their timeout, keep their own deadline) and wait up to
+    `grace_s` for them to end; another Ctrl-C ends the wait at once. Returns
+    the refs of the jobs still running."""
+    import ray
+
+    deadline = time.monotonic() + grace_s
+    for ref, attempt in running.items():
+        if attempt.stop_asked is None:
+            ray.cancel(ref, force=False)
+            attempt.stop_asked = time.monotonic()
+        else:
+            deadline = max(deadline, attempt.stop_asked + grace_s)
+    log.warning(
+        f"Asked {len(running)} running jobs to stop (KeyboardInterrupt in each, so that "
+        f"they can save their work); those still running in {grace_s:g} s "
+        "(hydra.launcher.stop_grace_s) are cancelled by force. Ctrl-C again: at once"
+    )
+    left = list(running)
+    try:
+        while left and time.monotonic() < deadline:
+            left = [ref for ref in left if not _ended(ref)]
+            if left:
+                time.sleep(0.1)
+    except KeyboardInterrupt:
+        log.warning(f"Interrupted again: cancelling the {len(left)} running jobs by force")
+    return left
 
 
 def _ended(ref: Any) -> bool:

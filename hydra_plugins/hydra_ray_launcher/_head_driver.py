@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 PLUGIN_DIR = "plugin"
 JOB_SPEC = "job_spec.pkl"
 RETURNS = "returns.pkl"
-# The running driver's pid, in its working dir.
+# The running driver's pid and its jobs' stop grace in seconds ("PID GRACE"), in
+# its working dir.
 _PID_FILE = "driver.pid"
 # Written in its working dir by the driver and by `gather` once they have tried to
 # bring every node's outputs onto the head: {"complete": bool, "left": [{"node":
@@ -115,9 +116,9 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
     from . import _engine
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
-    Path(_PID_FILE).write_text(str(os.getpid()))
     with open(spec_path, "rb") as f:
         spec: JobSpec = cloudpickle.load(f)
+    Path(_PID_FILE).write_text(f"{os.getpid()} {spec.policy.stop_grace_s:g}")
     if not spec.live:  # the user's output is no terminal: no colour codes in it
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     # Jobs resolve relative dirs against the head's working dir, not the
@@ -303,7 +304,9 @@ def gather_after_failure(sweep_dir: str) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
     pid_file = Path(_PID_FILE)
     if pid_file.is_file():
-        _stop(int(pid_file.read_text()))
+        pid, _, grace_s = pid_file.read_text().partition(" ")
+        # Its jobs' grace (Ctrl-C lets them save their work), then its own.
+        _stop(int(pid), float(grace_s or 0) + 15.0)
     ray.init(address="auto", runtime_env={"py_modules": [_plugin_module()]})
     _gather(sweep_dir, _started_job_dirs(Path(sweep_dir).resolve()))
 
@@ -342,7 +345,8 @@ def write_gather_report(left: Sequence[LeftOnNode]) -> None:
     os.replace(tmp, GATHER_REPORT)
 
 
-def _stop(pid: int, grace_s: float = 15.0) -> None:
+def _stop(pid: int, grace_s: float) -> None:
+    """SIGINT (the driver cancels its jobs, as on Ctrl-C), SIGKILL `grace_s` later."""
     signals = [signal.SIGINT, signal.SIGKILL]
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline + 5:  # a zombie stays "alive": give up then

@@ -218,6 +218,18 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
                 "wait for the cluster's job agent to come up (a finite number >= 0)"
             )
         )
+    stop_wait, grace = settings.stop_wait_s, settings.get("stop_grace_s", 10.0)
+    numbers = isinstance(grace, (int, float)) and isinstance(stop_wait, (int, float))
+    if numbers and stop_wait < grace + 5:
+        problems.append(
+            ConfigError(
+                f"hydra.launcher.stop_wait_s={stop_wait} is too short for "
+                f"hydra.launcher.stop_grace_s={grace}: after Ctrl-C, Ray kills the sweep's "
+                "driver stop_wait_s after it stops it, before its jobs' grace to save their "
+                "work has ended and before it packs what finished. Set stop_wait_s to at "
+                f"least {grace + 5:g} (stop_grace_s + 5), or lower stop_grace_s"
+            )
+        )
     source_dir = settings.sync_up.source_dir
     problems += source_dir_problems(source_dir)
     problems += storage_problems(settings.sync_down.storage)

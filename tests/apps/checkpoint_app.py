@@ -2,8 +2,9 @@
 of 0.1 s for `seconds`; on KeyboardInterrupt (the launcher's catchable stop of
 a job past its timeout) it writes `checkpoint` in its job dir and re-raises. A
 job that finds its checkpoint (a later attempt, in the same dir) finishes at
-once. With `ignore_stop`, a job notes the stop and works on (it is then
-cancelled by force)."""
+once. It touches `working` in its job dir when its work starts. With
+`ignore_stop`, a job notes the stop and works on (it is then cancelled by
+force)."""
 
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ def main(cfg: DictConfig) -> str:
     if checkpoint.exists():
         (here / "resumed").write_text(checkpoint.read_text())
         return "resumed"
+    (here / "working").touch()
     step = 0
     end = time.monotonic() + cfg.seconds
     while time.monotonic() < end:
