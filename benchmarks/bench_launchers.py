@@ -12,6 +12,8 @@ Run by hand, on an otherwise idle machine:
         --launcher ray                    # the jobs phase's ratio, 10,000 jobs to 1,000
     .venv/bin/python benchmarks/bench_launchers.py --scenario trivial1000 \
         --launcher ray --launcher "ray per-job"   # the cost of per-job resources
+    .venv/bin/python benchmarks/bench_launchers.py --scenario trivial1000 \
+        --launcher ray --ray-at a34181e   # `ray` here against `ray` as of a commit
 
 For each launcher and sweep it prints the medians of: the whole process's wall
 time; the time from the process's start to the launcher's `launch()` (Hydra's
@@ -198,9 +200,10 @@ def job_spec_sizes(jobs: int, sample: int = 200) -> tuple[int, int]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import HydraContext, RunMode
 
-    from hydra_plugins.hydra_ray_launcher._engine import Job, Policy
+    from hydra_plugins.hydra_ray_launcher._engine import Policy
     from hydra_plugins.hydra_ray_launcher._head_driver import JobSpec
     from hydra_plugins.hydra_ray_launcher._jobs import (
+        Job,
         capture_sweep_state,
         compose_each,
         composed_here,
@@ -240,11 +243,29 @@ def job_spec_sizes(jobs: int, sample: int = 200) -> tuple[int, int]:
         return spec(jobs, composed=False), spec(sample, composed=True) * jobs // sample
 
 
+def plugin_at(rev: str, scratch: Path) -> Path:
+    """A dir with this repository's hydra_plugins as of commit `rev`: first on
+    PYTHONPATH, its hydra_ray_launcher is the one Hydra (and Ray's workers) import."""
+    root = scratch / f"at-{rev}"
+    root.mkdir()
+    repo = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", rev, "hydra_plugins"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    return root
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--scenario", choices=list(SCENARIOS), action="append")
     parser.add_argument("--launcher", choices=list(LAUNCHERS), action="append")
+    parser.add_argument(
+        "--ray-at",
+        metavar="REV",
+        help="also run `ray` with this plugin as of the git commit REV (launcher 'ray @REV')",
+    )
     parser.add_argument(
         "--ray-init",
         action="append",
@@ -264,6 +285,10 @@ def main() -> None:
         # (The warm Ray's workers have its environment, not the sweep's: both name the file.)
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "BENCH_TIMES": f"{cwd}/times.txt"}
         warm_env = stack.enter_context(warm_ray(env)) if "ray warm" in launchers else env
+        envs = {launcher: warm_env if "warm" in launcher else env for launcher in launchers}
+        if args.ray_at:
+            launchers.append(f"ray @{args.ray_at}")
+            envs[launchers[-1]] = {**env, "PYTHONPATH": str(plugin_at(args.ray_at, cwd))}
         fixed = ray_fixed_cost(max(args.runs, 3), args.ray_init, cwd)
         print(f"Ray's fixed cost (start + shut down, no jobs): {fixed:.2f} s (median of 3)")
         size, composed = job_spec_sizes(10_000)
@@ -281,10 +306,11 @@ def main() -> None:
             walls: dict[str, float] = {}
             said: dict[str, float | None] = {}
             for launcher in launchers:
-                extra = ray_overrides if launcher in ("ray", "ray per-job") else []
-                cmd = [sys.executable, str(APP), "--multirun", *sweep, *LAUNCHERS[launcher]]
-                run_env = warm_env if "warm" in launcher else env
-                run = median_run(args.runs, cmd + extra, cwd, run_env)
+                cold = launcher in ("ray", "ray per-job") or launcher.startswith("ray @")
+                extra = ray_overrides if cold else []
+                shape = LAUNCHERS["ray" if launcher.startswith("ray @") else launcher]
+                cmd = [sys.executable, str(APP), "--multirun", *sweep, *shape]
+                run = median_run(args.runs, cmd + extra, cwd, envs[launcher])
                 walls[launcher] = run.wall
                 phases[name, launcher] = run.jobs_phase
                 ratio = f"{run.wall / walls['basic']:8.2f}" if "basic" in walls else f"{'':8s}"
@@ -300,6 +326,12 @@ def main() -> None:
                     print(f"  {ours}: the launcher's own line says: jobs done in {took:.1f} s")
             if "ray" in walls:
                 print(f"  ray net of Ray's fixed cost: {walls['ray'] - fixed:.2f} s")
+            then = f"ray @{args.ray_at}"
+            if args.ray_at and "ray" in walls and (name, then) in phases:
+                print(
+                    f"  ray / {then}: wall {walls['ray'] / walls[then]:.2f}, jobs phase "
+                    f"{phases[name, 'ray'] / phases[name, then]:.2f}"
+                )
             for ours in ("ray", "ray warm"):
                 if ours in walls and "joblib" in walls:
                     print(f"  {ours} / joblib: {walls[ours] / walls['joblib']:.2f}")
