@@ -82,6 +82,7 @@ def sleepy_sweep(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[RunningApp]:
         "x=1,2,3,4",
         "seconds=0.5",
         "slow_first=[3,4]",
+        "hydra.launcher.stop_grace_s=1",  # the sleeping jobs see no KeyboardInterrupt
         "hydra/launcher=ray_cluster",
         f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'flt')}",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
