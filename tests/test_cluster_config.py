@@ -20,8 +20,8 @@ from hydra_plugins.hydra_ray_launcher._config import (
     RayClusterLauncherConf,
     python_version,
 )
+from hydra_plugins.hydra_ray_launcher._errors import ConfigError
 from hydra_plugins.hydra_ray_launcher._validate import (
-    ConfigError,
     check_launch_preconditions,
     cluster_config_for_ray,
     named_cluster,

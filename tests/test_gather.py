@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from hydra_plugins.hydra_ray_launcher._errors import PartCorrupted
 from hydra_plugins.hydra_ray_launcher._gather import (
     CHUNK_BYTES,
     JobDirs,
-    PartCorrupted,
     _bring,
     _pack,
     _Packed,

@@ -11,7 +11,7 @@ import pytest
 from hydra.test_utils.test_utils import TSweepRunner
 from omegaconf import DictConfig
 
-from hydra_plugins.hydra_ray_launcher._jobs import JobError
+from hydra_plugins.hydra_ray_launcher._errors import JobError
 
 from .conftest import SMALL_RAY, AppRun, run_app
 from .test_engine import _sweep as sweep_in_process

@@ -18,8 +18,7 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._engine import Job
-from hydra_plugins.hydra_ray_launcher._jobs import composed_here
+from hydra_plugins.hydra_ray_launcher._jobs import Job, composed_here
 from hydra_plugins.hydra_ray_launcher._snapshot import portable_context, why_not_portable
 
 FILES = {

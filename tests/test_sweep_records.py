@@ -19,12 +19,14 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from hydra_plugins.hydra_ray_launcher import _records
-from hydra_plugins.hydra_ray_launcher._engine import Job, Policy
+from hydra_plugins.hydra_ray_launcher._engine import Policy
+from hydra_plugins.hydra_ray_launcher._errors import ConfigError
 from hydra_plugins.hydra_ray_launcher._jobs import (
     FAILED,
     INTERRUPTED,
     SUCCEEDED,
     TIMED_OUT,
+    Job,
     JobOutcome,
 )
 from hydra_plugins.hydra_ray_launcher._records import (
@@ -43,7 +45,6 @@ from hydra_plugins.hydra_ray_launcher._sweep import (
     run_batch,
     sweep_settings,
 )
-from hydra_plugins.hydra_ray_launcher._validate import ConfigError
 
 
 def settings(**keys: Any) -> SweepSettings:

@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig
 
+from ._errors import ClusterCommandError
+
 log = logging.getLogger(__name__)
 
 # Signals that end the run as Ctrl-C does, minus its "tear down anyway": kill,
@@ -31,10 +33,6 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # still tears the cluster down.
 SECOND_CTRL_C_S = 10.0
 _TMP_MARK = "HYDRA_RAY_TMP="
-
-
-class ClusterCommandError(RuntimeError):
-    """A command or a transfer on the cluster failed (what Ray's SDK raised is its cause)."""
 
 
 @dataclass(frozen=True)

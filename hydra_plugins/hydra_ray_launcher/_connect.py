@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ._validate import ConfigError
+from ._errors import ConfigError
 
 log = logging.getLogger(__name__)
 

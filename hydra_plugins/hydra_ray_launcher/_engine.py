@@ -2,7 +2,8 @@
 process is connected to, and gather their `JobReturn`s.
 
 Used unchanged by the local launcher and by the driver that runs on a cluster's
-head. Ray is imported inside functions: Hydra imports this module at every start.
+head. Imported when a sweep launches, not at Hydra's plugin scan (which skips
+modules named `_*`).
 """
 
 import collections
@@ -17,11 +18,12 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
+from ._errors import JobError, ResourceError
 from ._gather import JobDirs
 from ._jobs import (
     FAILED,
     TIMED_OUT,
-    JobError,
+    Job,
     JobOutcome,
     JobStarted,
     SweepState,
@@ -31,7 +33,7 @@ from ._jobs import (
 )
 from ._records import write_record
 from ._report import SweepProgress, describe
-from ._resources import JobResources, ResourceError, request
+from ._resources import JobResources, request
 from ._validate import without_nulls
 
 log = logging.getLogger(__name__)
@@ -62,14 +64,6 @@ def ship_state(state: SweepState) -> ShippedState:
         ref=ray.put(dumps_for_cluster(state)),
         ray_job_id=ray.get_runtime_context().get_job_id(),
     )
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job of a sweep: its number and its overrides."""
-
-    idx: int
-    overrides: list[str]
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,60 @@
-"""What a launch on a cluster raises when the sweep could not run or its results
-did not come home. Compact: Hydra prints the message, which says what happened
-and what to do, not a traceback of the plugin (HYDRA_FULL_ERROR=1 shows it)."""
+"""Every exception of the launcher, in one place. The user-facing ones derive
+from LauncherError: compact, so Hydra prints their message (what happened and
+what to do), not a traceback of the plugin (HYDRA_FULL_ERROR=1 shows it). The
+others are caught inside the launcher and turned into one of those, or into a
+failed job's outcome. Imports nothing of the launcher's."""
+
+from pathlib import Path
 
 from hydra.errors import CompactHydraException
 
 
-class DriverError(CompactHydraException):
+class LauncherError(CompactHydraException):
+    """A sweep that cannot start, or could not finish, for a reason its message names."""
+
+
+class ConfigError(LauncherError):
+    """A launcher config value that cannot work; the message names the key and the fix.
+    Raised before anything costly starts (Ray, a cluster, an upload)."""
+
+
+class ResourceError(ConfigError):
+    """A value of `hydra.launcher.ray.remote` does not resolve for a job."""
+
+
+class DriverError(LauncherError):
     """The sweep's driver on the cluster did not start, or ended without the
     jobs' results."""
 
 
-class OutputsNotHomeError(CompactHydraException):
+class OutputsNotHomeError(LauncherError):
     """Results or outputs of the sweep did not come home: where they are is named."""
 
 
-class LostDashboardError(CompactHydraException):
+class LostDashboardError(LauncherError):
     """The connection to the dashboard broke while the Ray job ran on."""
+
+
+class JobError(RuntimeError):
+    """A failed job's return value: stands for a job's exception that could not
+    travel back from the worker, or for a job that ended without returning (its
+    process or node died, it timed out). Pickled into records: also importable
+    from `_jobs`, its module before."""
+
+
+class ClusterCommandError(RuntimeError):
+    """A command or a transfer on the cluster failed (what Ray's SDK raised is its cause)."""
+
+
+class PartCorrupted(RuntimeError):
+    """A node's tar file of job outputs did not arrive as it was packed."""
+
+
+class UnreadableRecord(Exception):
+    """A record or manifest of an earlier sweep that exists but cannot be used:
+    a resume stops rather than run a finished job again or drop its result."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"{path}: {why}")
+        self.path = path
+        self.why = why

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ._digest import file_digest
+from ._errors import PartCorrupted
 from ._jobs import JobOutcome, JobStarted
 
 log = logging.getLogger(__name__)
@@ -120,10 +122,6 @@ class _Packed:
     dirs: list[str] = field(default_factory=list)
     # Job dirs it must neither bring nor remove, with the reason.
     refused: list[tuple[str, str]] = field(default_factory=list)
-
-
-class PartCorrupted(RuntimeError):
-    """A node's tar file did not arrive as it was packed."""
 
 
 def gather_outputs(
@@ -318,14 +316,11 @@ def _pack(sweep_dir: str, job_dirs: list[str], marker: str, jobs_cwd: str) -> _P
         with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
             for job_dir in dirs:
                 tar.add(job_dir, arcname=os.path.relpath(job_dir, sweep_dir))
-        digest = hashlib.sha256()
-        with open(tar_path, "rb") as packed:
-            while data := packed.read(CHUNK_BYTES):
-                digest.update(data)
+        size, sha256 = file_digest(tar_path)
     except BaseException:
         os.unlink(tar_path)
         raise
-    return _Packed(tar_path, os.path.getsize(tar_path), digest.hexdigest(), dirs, refused)
+    return _Packed(tar_path, size, sha256, dirs, refused)
 
 
 def read_chunk(path: str, offset: int, length: int) -> bytes:

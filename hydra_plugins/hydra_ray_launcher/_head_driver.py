@@ -20,11 +20,11 @@ other nodes, so that sync_down brings it home before the cluster goes.
 """
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,19 +34,24 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
+from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from ._engine import Job, Policy
+from ._digest import file_digest
+from ._engine import Policy
 from ._gather import JobDirs, LeftOnNode, gather_outputs
-from ._jobs import JobOutcome, JobStarted, SweepState
+from ._jobs import Job, JobOutcome, JobStarted, SweepState, capture_sweep_state, composed_here
 from ._records import RECORD_DIR, read_record
 from ._redact import redacted
-from ._resources import JobResources
+from ._resources import JobResources, for_sweep
 from ._sync import rsync_command
-from ._validate import ray_init_kwargs
+from ._validate import plain_dict, ray_init_kwargs
+
+if TYPE_CHECKING:
+    from ._sweep import Batch, SweepBook
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +110,49 @@ class JobSpec:
     width: int | None
     # Jobs of the batch taken from an earlier run (resume): for the progress counts.
     already_done: int
+
+
+def build_job_spec(
+    context: HydraContext,
+    task_function: TaskFunction,
+    config: DictConfig,
+    book: "SweepBook",
+    current: "Batch",
+    code_dir: str | None,
+) -> JobSpec:
+    """What the head's driver needs for the batch, built before anything is sent
+    (an app that cannot be pickled fails here, for free). Raises ResourceError
+    for a job whose hydra.launcher.ray.remote does not resolve (within the
+    resolution budget: later jobs fail alone, on the head)."""
+    configs = composed_here(context, config, current.to_run)
+    for_sweep(context, config, configs).resolve_ahead(current.to_run)
+    return JobSpec(
+        state=capture_sweep_state(context, task_function, config),
+        jobs=current.to_run,
+        configs=configs,
+        init=plain_dict(config.hydra.launcher.ray.init),
+        sweep_dir=str(book.sweep_dir),
+        code_dir=code_dir,
+        policy=book.settings.policy,
+        live=book.settings.live,
+        width=shutil.get_terminal_size().columns if book.settings.live else None,
+        already_done=current.already_done,
+    )
+
+
+def stage_plugin(staged: Path) -> None:
+    """Copy into `staged` (the PLUGIN_DIR that goes to the cluster) this plugin's
+    own source, so that the head's driver and the jobs on every node run the very
+    code of the launching machine, whatever version is installed there; and rich
+    (pure Python), which draws the driver's display: the cluster's packages need
+    not include it."""
+    import rich
+
+    for source, target in (
+        (Path(__file__).parent, staged / "hydra_plugins" / "hydra_ray_launcher"),
+        (Path(rich.__file__).parent, staged / "rich"),
+    ):
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None:
@@ -226,14 +274,10 @@ def write_bundle(plan: dict[str, Any]) -> None:
                 tar.add(outputs, arcname=BUNDLE_OUTPUTS, filter=_not_records)
     final = logs / str(plan["name"])
     os.replace(part, final)
-    digest = hashlib.sha256()
-    with open(final, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    size = final.stat().st_size
+    size, sha256 = file_digest(final)
     where: dict[str, Any] = {
         "size": size,
-        "sha256": digest.hexdigest(),
+        "sha256": sha256,
         # For the launcher to remove, once everything is home: the sweep dir here
         # if it is in this Ray job's own working dir (an absolute sweep dir is the
         # user's place on the cluster: kept), and the pack.

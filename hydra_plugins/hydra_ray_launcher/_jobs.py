@@ -1,7 +1,7 @@
 """The body of one sweep job, run in a Ray worker process.
 
-Imports nothing heavy at module level: Hydra imports this module during plugin
-discovery. Ray's worker imports it by reference when it unpickles the task.
+Ray's worker imports it by reference when it unpickles the task, in every
+worker process that runs a job: it imports nothing heavy at module level (no Ray).
 """
 
 import logging
@@ -12,7 +12,7 @@ import traceback
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
@@ -21,14 +21,20 @@ from hydra.core.utils import JobReturn, JobStatus, run_job
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ._errors import JobError
 from ._held import hold
 from ._snapshot import portable_context, why_not_portable
 from ._tracebacks import drop_chain, pack, unpack
 
-if TYPE_CHECKING:
-    from ._engine import Job  # which imports this module
-
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of a sweep: its number and its overrides."""
+
+    idx: int
+    overrides: list[str]
 
 
 @dataclass(frozen=True)
@@ -188,11 +194,6 @@ class JobOutcome:
         err = self.job_return._return_value
         lines = str(err).strip().splitlines()
         return f"{type(err).__name__}: {lines[0] if lines else ''}".strip()
-
-
-class JobError(RuntimeError):
-    """Stands for a job's exception that could not travel back from the worker,
-    or for a job that ended without returning (its process or node died)."""
 
 
 # The SweepState this worker process unpickled last, by key.

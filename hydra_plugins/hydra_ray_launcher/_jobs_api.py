@@ -6,7 +6,6 @@ file served by the dashboard's log API. Nothing here needs SSH or the GCS port."
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -24,12 +23,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 from omegaconf import DictConfig
 
-from ._errors import DriverError, LostDashboardError, OutputsNotHomeError
+from ._digest import file_digest
+from ._errors import ConfigError, DriverError, LostDashboardError, OutputsNotHomeError
 from ._head_driver import (
     BUNDLE_MARK,
     BUNDLE_OUTPUTS,
@@ -38,28 +38,21 @@ from ._head_driver import (
     JOB_SPEC,
     PLUGIN_DIR,
     RETURNS,
-    JobSpec,
+    build_job_spec,
     load_outcomes,
+    stage_plugin,
 )
-from ._jobs import INTERRUPTED, JobOutcome, capture_sweep_state, composed_here, dumps_for_cluster
+from ._jobs import INTERRUPTED, JobOutcome, dumps_for_cluster
 from ._records import RECORD_DIR, move_records_home, moved_home, read_record
 from ._redact import redacted
-from ._resources import for_sweep
 from ._scratch import scratch_dir
 from ._storage import storage_problems
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
-from ._validate import (
-    ConfigError,
-    plain_dict,
-    refuse,
-    source_dir_problems,
-    sweep_problems,
-    without_nulls,
-)
+from ._validate import plain_dict, refuse, source_dir_problems, sweep_problems, without_nulls
 
 if TYPE_CHECKING:
-    from .ray_jobs_launcher import RayJobsLauncher
+    from ._session import Session
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +94,13 @@ class Dashboard:
             raise ConfigError(self._refused(str(exc))) from None
         except ConnectionError:
             raise ConfigError(
-                f"Cannot reach the dashboard at {self.address} (hydra.launcher.address): is "
+                f"Cannot reach the dashboard at {self.address} (hydra.session.address): is "
                 "the cluster up, and the port-forward (`kubectl port-forward "
                 "svc/<cluster>-head-svc 8265:8265`) running?"
             ) from None
         except (RuntimeError, OSError) as exc:  # an HTTP answer, not the Jobs API's
             raise ConfigError(
-                f"{self.address} (hydra.launcher.address) answered, but not as a Ray "
+                f"{self.address} (hydra.session.address) answered, but not as a Ray "
                 f"dashboard's Jobs API ({exc}): give the dashboard's port (8265 by default)"
             ) from None
 
@@ -115,7 +108,7 @@ class Dashboard:
         fix = (
             "Set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on its head; "
             "on KubeRay, the RayCluster's auth secret), or write it to ~/.ray/auth_token, or "
-            "give +hydra.launcher.headers.Authorization='Bearer <token>'"
+            "give +hydra.session.headers.Authorization='Bearer <token>'"
         )
         if self.token_from is None:
             return (
@@ -140,7 +133,7 @@ def _with_token(headers: dict[str, str]) -> tuple[dict[str, str], str | None]:
     wins. Sent to a cluster without token authentication, it is ignored there.
     Raises ConfigError."""
     if any(k.lower() in _AUTH_HEADERS for k in headers):
-        return headers, "hydra.launcher.headers"
+        return headers, "hydra.session.headers"
     token, source = os.environ.get("RAY_AUTH_TOKEN", "").strip(), "RAY_AUTH_TOKEN"
     if not token:
         named = os.environ.get("RAY_AUTH_TOKEN_PATH")
@@ -162,10 +155,10 @@ def _with_token(headers: dict[str, str]) -> tuple[dict[str, str], str | None]:
 
 
 def dashboard_address(settings: DictConfig) -> str:
-    """hydra.launcher.address, else RAY_API_SERVER_ADDRESS, else an http(s)
+    """hydra.session.address, else RAY_API_SERVER_ADDRESS, else an http(s)
     RAY_ADDRESS (as `ray job submit`). Raises ConfigError."""
     address = settings.address
-    key = "hydra.launcher.address"
+    key = "hydra.session.address"
     if address is None:
         for var in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"):
             value = os.environ.get(var, "")
@@ -182,7 +175,7 @@ def dashboard_address(settings: DictConfig) -> str:
             f"{key}={address} is not a dashboard address: the ray_jobs launcher talks to the "
             "dashboard, http(s)://HOST:8265. For a Ray Client (ray://HOST:10001) or GCS "
             "(HOST:6379) address, use hydra/launcher=ray with "
-            "hydra.launcher.ray.init.address=..."
+            "hydra.session.ray.init.address=..."
         )
     return address.rstrip("/")
 
@@ -192,7 +185,7 @@ def _dashboard(settings: DictConfig) -> Dashboard:
     verify = settings.verify
     if not isinstance(verify, (bool, str)):
         raise ConfigError(
-            f"hydra.launcher.verify={verify} is not valid: true, false, or a CA bundle's path"
+            f"hydra.session.verify={verify} is not valid: true, false, or a CA bundle's path"
         )
     sent, token_from = _with_token({str(k): str(v) for k, v in headers.items()})
     return Dashboard(dashboard_address(settings), sent, verify, token_from)
@@ -214,7 +207,7 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
         problems.append(
             ConfigError(
-                f"hydra.launcher.agent_wait_s={wait} is not valid: set it to the seconds to "
+                f"hydra.session.agent_wait_s={wait} is not valid: set it to the seconds to "
                 "wait for the cluster's job agent to come up (a finite number >= 0)"
             )
         )
@@ -223,8 +216,8 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
     if numbers and stop_wait < grace + 5:
         problems.append(
             ConfigError(
-                f"hydra.launcher.stop_wait_s={stop_wait} is too short for "
-                f"hydra.launcher.stop_grace_s={grace}: after Ctrl-C, Ray kills the sweep's "
+                f"hydra.session.stop_wait_s={stop_wait} is too short for "
+                f"hydra.session.stop_grace_s={grace}: after Ctrl-C, Ray kills the sweep's "
                 "driver stop_wait_s after it stops it, before its jobs' grace to save their "
                 "work has ended and before it packs what finished. Set stop_wait_s to at "
                 f"least {grace + 5:g} (stop_grace_s + 5), or lower stop_grace_s"
@@ -241,30 +234,25 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
 
 
 def launch(
-    launcher: "RayJobsLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    session: "Session", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> Sequence[JobReturn]:
-    assert launcher.config is not None
-    assert launcher.hydra_context is not None
-    assert launcher.task_function is not None
-    config = launcher.config
+    config = session.config
     settings: DictConfig = config.hydra.launcher
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     if settings.dry_run:
-        from ._plan import dry_run_jobs
-
-        dry_run_jobs(launcher.hydra_context, config, job_overrides, initial_job_idx)
-    if launcher.book is None:
+        dry_run(session.hydra_context, config, job_overrides, initial_job_idx)
+    if session.book is None:
         # Everything that can be refused is refused here, before any upload.
         refuse(jobs_problems(settings))
         _check_reachable(settings)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        launcher.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
-    book = launcher.book
+        session.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
+    book = session.book
     with batch(book, job_overrides, initial_job_idx) as current:
         if current.to_run:
-            current.outcomes = _run(launcher, book, current, _dashboard(settings))
+            current.outcomes = _run(session, book, current, _dashboard(settings))
     return current.returns
 
 
@@ -279,36 +267,35 @@ def _check_reachable(settings: DictConfig) -> None:
 
 
 def _run(
-    launcher: "RayJobsLauncher", book: SweepBook, current: Batch, dashboard: Dashboard
+    session: "Session", book: SweepBook, current: Batch, dashboard: Dashboard
 ) -> list[JobOutcome]:
     """The batch's outcomes: on a resume, first those of a Ray job an earlier run
     of the sweep submitted and did not bring home (it may still run: the
     launcher died, or its connection); then a new Ray job for the rest."""
     client = dashboard.client()
-    got = _reattach(launcher, book, current, dashboard, client) if book.settings.resume else {}
+    got = _reattach(session, book, current, dashboard, client) if book.settings.resume else {}
     rest = [job for job in current.to_run if job.idx not in got]
     outcomes = [got[job.idx] for job in current.to_run if job.idx in got]
     if rest:
         remaining = dataclasses.replace(
             current, to_run=rest, already_done=current.already_done + len(outcomes)
         )
-        outcomes += _run_as_ray_job(launcher, book, remaining, dashboard, client)
+        outcomes += _run_as_ray_job(session, book, remaining, dashboard, client)
     return outcomes
 
 
 def _run_as_ray_job(
-    launcher: "RayJobsLauncher",
+    session: "Session",
     book: SweepBook,
     current: Batch,
     dashboard: Dashboard,
     client: Any,
 ) -> list[JobOutcome]:
-    assert launcher.config is not None
-    settings = launcher.config.hydra.launcher
-    submission_id = _submission_id(launcher.config, current)
+    settings = session.config.hydra.launcher
+    submission_id = _submission_id(session.config, current)
     with scratch_dir(SCRATCH) as tmp:
         package = tmp / "package"
-        _stage(launcher, book, current, settings, package, submission_id)
+        _stage(session, book, current, settings, package, submission_id)
         _check_upload_size(package)
         runtime_env = _runtime_env(settings, package, settings.sync_up.source_dir is not None)
         entrypoint = (
@@ -361,9 +348,9 @@ def _no_results(client: Any, dashboard: Dashboard, submission_id: str, logs: str
     missing = re.findall(r"ModuleNotFoundError: No module named '([^']+)'", logs or message)
     hint = (
         f" The cluster's Python has no module {missing[-1]!r}. Your own code travels with "
-        "hydra.launcher.sync_up.source_dir; packages (the driver needs hydra-core, omegaconf "
+        "hydra.session.sync_up.source_dir; packages (the driver needs hydra-core, omegaconf "
         "and cloudpickle, the jobs what the app imports) go in the cluster's image or in "
-        "hydra.launcher.runtime_env.pip."
+        "hydra.session.runtime_env.pip."
         if missing
         else ""
     )
@@ -480,7 +467,7 @@ def _clean_cluster(
 def _resume_hint(book: SweepBook) -> str:
     return (
         f"the same command with hydra.sweep.dir={book.sweep_dir.resolve()} "
-        "hydra.launcher.resume=true"
+        "hydra.session.resume=true"
     )
 
 
@@ -519,7 +506,7 @@ def _note_home(book: SweepBook, submission_id: str) -> None:
 
 
 def _reattach(
-    launcher: "RayJobsLauncher",
+    session: "Session",
     book: SweepBook,
     current: Batch,
     dashboard: Dashboard,
@@ -528,8 +515,7 @@ def _reattach(
     """The outcomes, by job, of the earlier run's Ray jobs for this batch whose
     results did not come home: each is followed to its end (it may still run)
     and its pack brought home. A job it did not finish is not among them."""
-    assert launcher.config is not None
-    settings = launcher.config.hydra.launcher
+    settings = session.config.hydra.launcher
     wanted = {job.idx for job in current.to_run}
     got: dict[int, JobOutcome] = {}
     for submission_id, noted in _submissions(book).items():
@@ -582,7 +568,7 @@ def _submit(client: Any, wait_s: float, **job: Any) -> None:
                     f"{_NO_AGENT!r} for {wait_s:g} s): a head's dashboard agent "
                     "that did not start (see dashboard_agent.log in its Ray log dir; a port "
                     "taken by another Ray on that machine is a usual cause). A head that "
-                    "takes longer to start it: raise hydra.launcher.agent_wait_s"
+                    "takes longer to start it: raise hydra.session.agent_wait_s"
                 ) from None
             log.info("The cluster's job agent is not up yet: submitting again in 2 s")
             time.sleep(2)
@@ -596,7 +582,7 @@ def _submission_id(config: DictConfig, current: Batch) -> str:
 
 
 def _stage(
-    launcher: "RayJobsLauncher",
+    session: "Session",
     book: SweepBook,
     current: Batch,
     settings: DictConfig,
@@ -604,17 +590,8 @@ def _stage(
     submission_id: str,
 ) -> None:
     """The Ray job's working dir: the job spec, this plugin, the user's code."""
-    import rich
-
-    assert launcher.config is not None
-    assert launcher.hydra_context is not None and launcher.task_function is not None
-    config = launcher.config
     package.mkdir()
-    for source, target in (
-        (Path(__file__).parent, package / PLUGIN_DIR / "hydra_plugins" / "hydra_ray_launcher"),
-        (Path(rich.__file__).parent, package / PLUGIN_DIR / "rich"),
-    ):
-        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    stage_plugin(package / PLUGIN_DIR)
     sync = settings.sync_up
     if sync.source_dir is not None:
         source = Path(str(sync.source_dir)).expanduser().resolve()
@@ -625,22 +602,15 @@ def _stage(
             exclude=list(sync.exclude),
         )
         subprocess.run(cmd, check=True)
-    context = launcher.hydra_context
-    configs = composed_here(context, config, current.to_run)
-    # Each job's hydra.launcher.ray.remote, where it interpolates into the job's
+    # Each job's hydra.session.ray.remote, where it interpolates into the job's
     # config: a value that does not resolve is refused here, before the upload.
-    for_sweep(context, config, configs).resolve_ahead(current.to_run)
-    spec = JobSpec(
-        state=capture_sweep_state(context, launcher.task_function, config),
-        jobs=current.to_run,
-        configs=configs,
-        init=plain_dict(settings.ray.init),
-        sweep_dir=str(book.sweep_dir),
-        code_dir="code" if sync.source_dir is not None else None,
-        policy=book.settings.policy,
-        live=book.settings.live,
-        width=shutil.get_terminal_size().columns if book.settings.live else None,
-        already_done=current.already_done,
+    spec = build_job_spec(
+        session.hydra_context,
+        session.task_function,
+        session.config,
+        book,
+        current,
+        "code" if sync.source_dir is not None else None,
     )
     (package / JOB_SPEC).write_bytes(dumps_for_cluster(spec))
     down = settings.sync_down
@@ -654,6 +624,47 @@ def _stage(
     (package / BUNDLE_PLAN).write_text(json.dumps(plan))
 
 
+def dry_run(
+    hydra_context: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], first: int
+) -> NoReturn:
+    """The dry run of the `ray_jobs` launcher: no request reaches the dashboard."""
+    from ._plan import Plan, filters_text, plan_sweep, size_text, upload_lines
+
+    plan = Plan("ray_jobs")
+    settings = config.hydra.launcher
+    plan_sweep(plan, hydra_context, config, job_overrides, first)
+    plan.problems += [str(p) for p in launch_problems(settings)]
+    try:
+        address = dashboard_address(settings)
+    except ConfigError:
+        address = "(none: see the problems)"
+    lines = [f"one Ray job per batch, submitted to the dashboard at {address}"]
+    up = settings.sync_up
+    source = Path(str(up.source_dir)).expanduser().resolve() if up.source_dir else None
+    if source is None:
+        lines.append("code: none sent (hydra.session.sync_up.source_dir is null)")
+    elif source.is_dir():
+        total = upload_lines(lines, "code", source, up)
+        if total > UPLOAD_LIMIT:
+            plan.problems.append(
+                f"hydra.session.sync_up: {size_text(total)} of code is over Ray's upload limit of "
+                f"{size_text(UPLOAD_LIMIT)}: leave out what the jobs do not need with "
+                "hydra.session.sync_up.exclude (the biggest files are listed above)"
+            )
+    down = settings.sync_down
+    lines.append(
+        f"back: the records, the returns and the sweep dir's outputs -> "
+        f"{down.target_dir or 'the local sweep dir'}{filters_text(down)}"
+        + (
+            f", as one pack through {down.storage}"
+            if down.storage
+            else ", as one pack through the dashboard's log API"
+        )
+    )
+    plan.add("Where the jobs run", lines)
+    plan.finish()
+
+
 def _check_upload_size(package: Path) -> None:
     """Refuse, before the upload, a package Ray would refuse after it."""
     files = [(p, p.stat().st_size) for p in package.rglob("*") if p.is_file()]
@@ -665,7 +676,7 @@ def _check_upload_size(package: Path) -> None:
     raise ConfigError(
         f"The Ray job's package is {total / 2**20:.0f} MiB, over Ray's upload limit of "
         f"{UPLOAD_LIMIT / 2**20:.0f} MiB; the biggest files: {listed}. Leave out what the jobs "
-        "do not need with hydra.launcher.sync_up.exclude (or sync_up.include)"
+        "do not need with hydra.session.sync_up.exclude (or sync_up.include)"
     )
 
 
@@ -676,7 +687,7 @@ def _shown(path: Path, package: Path) -> str:
 
 def _runtime_env(settings: DictConfig, package: Path, code: bool) -> dict[str, Any]:
     """The Ray job's runtime_env, which every task of the sweep gets: the user's
-    (hydra.launcher.runtime_env over hydra.launcher.ray.init.runtime_env), the
+    (hydra.session.runtime_env over hydra.session.ray.init.runtime_env), the
     package as working_dir with this plugin and the code on the path, and time
     for a stopped driver to pack what finished."""
     env: dict[str, Any] = {}
@@ -843,12 +854,8 @@ def _remove_stored(where: Mapping[str, Any]) -> None:
 
 
 def _check_pack(local: Path, where: Mapping[str, Any]) -> None:
-    digest, size = hashlib.sha256(), 0
-    with open(local, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    if size != where["size"] or digest.hexdigest() != where["sha256"]:
+    size, sha256 = file_digest(local)
+    if size != where["size"] or sha256 != where["sha256"]:
         raise ValueError(
             f"the pack arrived damaged ({size} bytes of {where['size']}, or another sha256)"
         )

@@ -17,16 +17,17 @@ from hydra.core.utils import JobReturn, configure_log, setup_globals
 
 from . import _engine
 from ._connect import check_connection
+from ._errors import ConfigError
 from ._gather import JobDirs, gather_outputs
 from ._jobs import JobOutcome, JobStarted, capture_sweep_state, composed_here
 from ._procs import descendants, kill_new_descendants
 from ._redact import redacted
 from ._resources import for_sweep
 from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
-from ._validate import ConfigError, plain_dict, ray_init_kwargs, refuse, sweep_problems
+from ._validate import plain_dict, ray_init_kwargs, refuse, sweep_problems
 
 if TYPE_CHECKING:
-    from .ray_launcher import RayLauncher
+    from ._session import Session
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,9 @@ _ray_initialised_here = False
 
 
 def launch(
-    launcher: "RayLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    session: "Session", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> Sequence[JobReturn]:
-    assert launcher.config is not None
-    assert launcher.hydra_context is not None
-    assert launcher.task_function is not None
-    config = launcher.config
+    config = session.config
     settings = config.hydra.launcher
     # Each job's own lines matter in a sweep: Ray's log deduplication (read when
     # ray is imported) would fold "similar" lines of different jobs into one.
@@ -55,20 +53,20 @@ def launch(
     if settings.dry_run:
         from ._plan import dry_run_local
 
-        dry_run_local(launcher.hydra_context, config, job_overrides, initial_job_idx)
-    if launcher.book is None:
+        dry_run_local(session.hydra_context, config, job_overrides, initial_job_idx)
+    if session.book is None:
         # Everything that can be refused is refused here, before Ray starts.
         refuse(sweep_problems(settings))
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        launcher.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
-    book = launcher.book
+        session.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
+    book = session.book
     init = plain_dict(settings.ray.init)
 
     try:
         with batch(book, job_overrides, initial_job_idx) as current:
             if current.to_run:
-                current.outcomes = _run_here(launcher, book, current, init)
+                current.outcomes = _run_here(session, book, current, init)
         return current.returns
     except KeyboardInterrupt:
         stop_ray()
@@ -76,37 +74,35 @@ def launch(
 
 
 def _run_here(
-    launcher: "RayLauncher",
+    session: "Session",
     book: SweepBook,
     current: Batch,
     init: dict[str, Any],
 ) -> list[JobOutcome]:
     """Start (or connect to) Ray once, ship the sweep state once, run the batch."""
-    assert launcher.config is not None
-    assert launcher.hydra_context is not None and launcher.task_function is not None
-    config = launcher.config
-    # Each job's hydra.launcher.ray.remote, where it interpolates into the job's
+    config = session.config
+    # Each job's hydra.session.ray.remote, where it interpolates into the job's
     # config: a value that does not resolve is refused before Ray starts.
-    resources = for_sweep(launcher.hydra_context, config)
+    resources = for_sweep(session.hydra_context, config)
     resources.resolve_ahead(current.to_run)
     start_ray(init)
     connected = bool(init.get("address") or os.environ.get("RAY_ADDRESS"))
     for options, jobs in resources.distinct(current.to_run):
         _check_schedulable(options, jobs, connected=connected)
-    if launcher.shipped is None or not launcher.shipped.is_current():
-        state = capture_sweep_state(launcher.hydra_context, launcher.task_function, config)
-        launcher.shipped = _engine.ship_state(state)
+    if session.shipped is None or not session.shipped.is_current():
+        state = capture_sweep_state(session.hydra_context, session.task_function, config)
+        session.shipped = _engine.ship_state(state)
     if not _engine.single_machine():
         # Other machines need not have the app's config files.
-        configs = composed_here(launcher.hydra_context, config, current.to_run)
+        configs = composed_here(session.hydra_context, config, current.to_run)
         if configs is not None:
-            resources = for_sweep(launcher.hydra_context, config, configs)
+            resources = for_sweep(session.hydra_context, config, configs)
 
     def started(event: JobStarted) -> None:
         book.started_on[event.idx] = event.node
 
     return _engine.run_batch_here(
-        launcher.shipped,
+        session.shipped,
         current.to_run,
         resources,
         policy=book.settings.policy,
@@ -134,16 +130,16 @@ def _check_schedulable(
     if connected:
         log.warning(
             f"No node of the cluster can run {which} now ({why}): it waits until the "
-            "cluster has such a node (hydra.launcher.ray.remote)"
+            "cluster has such a node (hydra.session.ray.remote)"
         )
         return
     refused = (
         "No job can run" if jobs is None else f"No node can run job #{', #'.join(map(str, jobs))}"
     )
     raise ConfigError(
-        f"{refused} on this Ray: {why}. Lower hydra.launcher.ray.remote.num_cpus / "
+        f"{refused} on this Ray: {why}. Lower hydra.session.ray.remote.num_cpus / "
         "num_gpus / memory / resources, or give the local Ray more "
-        "(hydra.launcher.ray.init.num_cpus, ...)"
+        "(hydra.session.ray.init.num_cpus, ...)"
     )
 
 
@@ -194,7 +190,7 @@ def start_ray(init: dict[str, Any]) -> None:
             reasons.append(f"{type(cause).__name__}: {cause}")
             cause = cause.__cause__
         raise ConfigError(
-            f"ray.init() refused hydra.launcher.ray.init {redacted(kwargs)}: "
+            f"ray.init() refused hydra.session.ray.init {redacted(kwargs)}: "
             + "; caused by ".join(reasons)
         ) from exc
     _ray_initialised_here = True

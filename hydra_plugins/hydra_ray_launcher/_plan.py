@@ -27,12 +27,13 @@ from omegaconf.errors import (
     UnsupportedInterpolationType,
 )
 
-from ._engine import Job
+from ._errors import ConfigError
+from ._jobs import Job
 from ._redact import redacted
 from ._report import describe, described
 from ._resources import JobResources, for_sweep, request
 from ._sync import rsync_command
-from ._validate import ConfigError, plain_dict, without_nulls
+from ._validate import plain_dict, without_nulls
 
 if TYPE_CHECKING:
     from ._sweep import SweepBook, SweepSettings
@@ -288,22 +289,31 @@ def plan_sync(plan: Plan, settings: DictConfig) -> None:
     else:
         source = Path(str(up.source_dir)).expanduser().resolve()
         if source.is_dir():
-            files = _would_copy(source, list(up.include), list(up.exclude))
-            total = sum(size for _, size in files)
             target = up.target_dir or "a temp dir of the launch on the head"
-            lines.append(f"sync_up: {len(files)} files, {_size(total)} from {source} to {target}")
-            lines += [f"  {_size(size):>10}  {name}" for name, size in _largest(files)]
+            upload_lines(lines, "sync_up", source, up, f" to {target}")
     down = settings.sync_down
     lines.append(
         f"sync_down: {down.source_dir or 'the sweep dir on the cluster'} -> "
-        f"{down.target_dir or 'the local sweep dir'}"
-        + (
-            f" (include={list(down.include)}, exclude={list(down.exclude)})"
-            if down.include or down.exclude
-            else ""
-        )
+        f"{down.target_dir or 'the local sweep dir'}{filters_text(down)}"
     )
     plan.add("Transfers", lines)
+
+
+def upload_lines(lines: list[str], what: str, source: Path, up: DictConfig, to: str = "") -> int:
+    """Add the files sync_up's filter lets through (a count, the largest) to
+    `lines`; return their total size in bytes."""
+    files = _would_copy(source, list(up.include), list(up.exclude))
+    total = sum(size for _, size in files)
+    lines.append(f"{what}: {len(files)} files, {size_text(total)} from {source}{to}")
+    lines += [f"  {size_text(size):>10}  {name}" for name, size in _largest(files)]
+    return total
+
+
+def filters_text(down: DictConfig) -> str:
+    """sync_down's include/exclude, if any, as the plan shows them."""
+    if not (down.include or down.exclude):
+        return ""
+    return f" (include={list(down.include)}, exclude={list(down.exclude)})"
 
 
 def _would_copy(source: Path, include: list[str], exclude: list[str]) -> list[tuple[str, int]]:
@@ -324,7 +334,7 @@ def _would_copy(source: Path, include: list[str], exclude: list[str]) -> list[tu
     return files
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     value = float(n)
     for unit in ("bytes", "KiB", "MiB"):
         if value < 1024:
@@ -513,53 +523,4 @@ def dry_run_cluster(
         plan_cluster(plan, cluster if prepared is None else prepared)
         plan_aws(plan, cluster)
     plan_sync(plan, settings)
-    plan.finish()
-
-
-def dry_run_jobs(
-    hydra_context: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], first: int
-) -> NoReturn:
-    """The dry run of the `ray_jobs` launcher: no request reaches the dashboard."""
-    from ._jobs_api import UPLOAD_LIMIT, dashboard_address, launch_problems
-
-    plan = Plan("ray_jobs")
-    settings = config.hydra.launcher
-    plan_sweep(plan, hydra_context, config, job_overrides, first)
-    plan.problems += [str(p) for p in launch_problems(settings)]
-    try:
-        address = dashboard_address(settings)
-    except ConfigError:
-        address = "(none: see the problems)"
-    lines = [f"one Ray job per batch, submitted to the dashboard at {address}"]
-    up = settings.sync_up
-    source = Path(str(up.source_dir)).expanduser().resolve() if up.source_dir else None
-    if source is None:
-        lines.append("code: none sent (hydra.launcher.sync_up.source_dir is null)")
-    elif source.is_dir():
-        files = _would_copy(source, list(up.include), list(up.exclude))
-        total = sum(size for _, size in files)
-        lines.append(f"code: {len(files)} files, {_size(total)} from {source}")
-        lines += [f"  {_size(size):>10}  {name}" for name, size in _largest(files)]
-        if total > UPLOAD_LIMIT:
-            plan.problems.append(
-                f"hydra.launcher.sync_up: {_size(total)} of code is over Ray's upload limit of "
-                f"{_size(UPLOAD_LIMIT)}: leave out what the jobs do not need with "
-                "hydra.launcher.sync_up.exclude (the biggest files are listed above)"
-            )
-    down = settings.sync_down
-    lines.append(
-        f"back: the records, the returns and the sweep dir's outputs -> "
-        f"{down.target_dir or 'the local sweep dir'}"
-        + (
-            f" (include={list(down.include)}, exclude={list(down.exclude)})"
-            if down.include or down.exclude
-            else ""
-        )
-        + (
-            f", as one pack through {down.storage}"
-            if down.storage
-            else ", as one pack through the dashboard's log API"
-        )
-    )
-    plan.add("Where the jobs run", lines)
     plan.finish()

@@ -33,6 +33,7 @@ from typing import Any, TypeGuard
 import cloudpickle
 from omegaconf import open_dict, read_write
 
+from ._errors import UnreadableRecord
 from ._held import HeldJobReturn, hold, output_dir
 from ._jobs import INTERRUPTED, SUCCEEDED, JobOutcome
 from ._redact import redacted_hydra_config
@@ -47,16 +48,6 @@ MANIFEST = "sweep.json"
 EARLIER = "earlier"
 UNREADABLE = "unreadable"
 _PROC_STATUS = "/proc/self/status"
-
-
-class UnreadableRecord(Exception):
-    """A record or manifest of an earlier sweep that exists but cannot be used:
-    a resume stops rather than run a finished job again or drop its result."""
-
-    def __init__(self, path: Path, why: str):
-        super().__init__(f"{path}: {why}")
-        self.path = path
-        self.why = why
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,42 +15,35 @@ from typing import TYPE_CHECKING, Any
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 from omegaconf import DictConfig
 
-from ._cluster import (
-    Cluster,
-    ClusterCommandError,
-    ClusterLifetime,
-    Leftovers,
-    RemoteTmp,
-    remote_temp_dir,
-)
-from ._errors import DriverError, OutputsNotHomeError
+from ._cluster import Cluster, ClusterLifetime, Leftovers, RemoteTmp, remote_temp_dir
+from ._errors import ClusterCommandError, DriverError, OutputsNotHomeError
 from ._head_driver import (
     GATHER_REPORT,
     JOB_SPEC,
     PLUGIN_DIR,
     RETURNS,
     JobSpec,
+    build_job_spec,
     driver_command,
     gather_command,
     load_outcomes,
+    stage_plugin,
 )
-from ._jobs import JobOutcome, capture_sweep_state, composed_here, dumps_for_cluster
+from ._jobs import JobOutcome, dumps_for_cluster
 from ._records import RECORD_DIR, move_records_home, moved_home
-from ._resources import for_sweep
 from ._scratch import scratch_dir
-from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
+from ._sweep import SweepBook, batch, sweep_settings, task_overrides
 from ._sync import rsync_command
 from ._validate import (
     check_launch_preconditions,
     check_provider_access,
     cluster_config_for_ray,
     named_cluster,
-    plain_dict,
     validate_cluster_config,
 )
 
 if TYPE_CHECKING:
-    from .ray_aws_launcher import RayAWSLauncher
+    from ._session import Session
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +52,9 @@ _FOUND = "HYDRA_RAY_FOUND"
 
 
 def launch(
-    launcher: "RayAWSLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    session: "Session", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> Sequence[JobReturn]:
-    assert launcher.config is not None
-    assert launcher.hydra_context is not None
-    assert launcher.task_function is not None
-    config = launcher.config
+    config = session.config
     settings: DictConfig = config.hydra.launcher
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
@@ -73,8 +62,8 @@ def launch(
         from ._plan import dry_run_cluster
 
         choice = config.hydra.runtime.choices.get("hydra/launcher", "ray_aws")
-        dry_run_cluster(launcher.hydra_context, config, job_overrides, initial_job_idx, str(choice))
-    if launcher.lifetime is None:
+        dry_run_cluster(session.hydra_context, config, job_overrides, initial_job_idx, str(choice))
+    if session.lifetime is None:
         # Everything that can be refused is refused here, before anything costs.
         check_launch_preconditions(settings)
         sweep = sweep_settings(settings)
@@ -85,43 +74,26 @@ def launch(
         check_provider_access(cluster_config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        launcher.book = SweepBook(sweep_dir, task_overrides(config), sweep)
-        launcher.lifetime = ClusterLifetime(settings, cluster_config)
-    book = launcher.book
-    lifetime = launcher.lifetime
+        session.book = SweepBook(sweep_dir, task_overrides(config), sweep)
+        session.lifetime = ClusterLifetime(settings, cluster_config)
+    book = session.book
+    lifetime = session.lifetime
     assert book is not None
 
     with batch(book, job_overrides, initial_job_idx) as current:
         if current.to_run:
-            spec = _job_spec(launcher, book, current)
+            # Each job's hydra.session.ray.remote, where it interpolates into the
+            # job's config: a value that does not resolve is refused here, before the cluster.
+            spec = build_job_spec(
+                session.hydra_context,
+                session.task_function,
+                session.config,
+                book,
+                current,
+                _code_dir(settings.sync_up),
+            )
             current.outcomes = _run_on_cluster(lifetime, spec, settings, book.sweep_dir)
     return current.returns
-
-
-def _job_spec(launcher: "RayAWSLauncher", book: SweepBook, current: Batch) -> JobSpec:
-    """What the head's driver needs, pickled before any cluster exists: an app
-    that cannot be pickled fails here, for free."""
-    assert launcher.config is not None
-    assert launcher.hydra_context is not None and launcher.task_function is not None
-    config = launcher.config
-    settings = config.hydra.launcher
-    context = launcher.hydra_context
-    configs = composed_here(context, config, current.to_run)
-    # Each job's hydra.launcher.ray.remote, where it interpolates into the job's
-    # config: a value that does not resolve is refused here, before the cluster.
-    for_sweep(context, config, configs).resolve_ahead(current.to_run)
-    return JobSpec(
-        state=capture_sweep_state(context, launcher.task_function, config),
-        jobs=current.to_run,
-        configs=configs,
-        init=plain_dict(settings.ray.init),
-        sweep_dir=str(book.sweep_dir),
-        code_dir=_code_dir(settings.sync_up),
-        policy=book.settings.policy,
-        live=book.settings.live,
-        width=shutil.get_terminal_size().columns if book.settings.live else None,
-        already_done=current.already_done,
-    )
 
 
 def _run_on_cluster(
@@ -166,22 +138,9 @@ def _code_dir(sync: DictConfig) -> str | None:
 
 
 def _ship_plugin(cluster: Cluster, remote_tmp: str, local_tmp: Path) -> None:
-    """Send this plugin's own source: the head driver and the jobs on every node
-    run the very code of the launching machine, whatever version is installed there.
-    rich (pure Python), which draws the head driver's display, goes with it: the
-    cluster's packages need not include it."""
-    import rich
-
-    staged = local_tmp / "plugin"
-    for source, target in (
-        (Path(__file__).parent, staged / "hydra_plugins" / "hydra_ray_launcher"),
-        (Path(rich.__file__).parent, staged / "rich"),
-    ):
-        target.mkdir(parents=True)
-        subprocess.run(
-            rsync_command(f"{source}/", f"{target}/", include=[], exclude=["__pycache__"]),
-            check=True,
-        )
+    """This plugin's own source (and rich) to the head's PLUGIN_DIR."""
+    staged = local_tmp / PLUGIN_DIR
+    stage_plugin(staged)
     cluster.rsync_up(f"{staged}/", f"{remote_tmp}/{PLUGIN_DIR}/")
 
 

@@ -6,7 +6,7 @@ own output and the launcher's log lines scrolling above it. Elsewhere (CI, a
 file, `hydra.launcher.progress=false`): one plain log line per job event. At
 the end: a table of every job, which `_records` also writes as JSON.
 
-rich is imported inside functions: Hydra imports this module at every start.
+rich is imported inside functions: the display is optional (plain lines without it).
 """
 
 import logging

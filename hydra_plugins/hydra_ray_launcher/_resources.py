@@ -8,7 +8,7 @@ has them composes each job's config in the process that submits the jobs (the
 launching one, or the driver on a cluster's head), job by job as it submits
 them, and hands that config to the job, which then does not compose it again.
 
-Ray is imported inside functions: Hydra imports this module at every start.
+Imports no Ray: Ray's own check of the options is called through `_validate`.
 """
 
 import logging
@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ._validate import ConfigError, check_remote_options, plain_dict
+from ._errors import ConfigError, ResourceError
+from ._validate import check_remote_options, plain_dict
 
 if TYPE_CHECKING:
     from hydra.types import HydraContext
 
-    from ._engine import Job  # which imports this module
+    from ._jobs import Job
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,6 @@ REMOTE_KEY = "hydra.launcher.ray.remote"
 # the sweep before anything runs. The rest are resolved as they are submitted,
 # so a sweep of 10,000 jobs does not wait for 10,000 composes before its first.
 AHEAD_S = 2.0
-
-
-class ResourceError(ConfigError):
-    """A value of `hydra.launcher.ray.remote` does not resolve for a job."""
 
 
 def interpolations(node: DictConfig | ListConfig, prefix: str = REMOTE_KEY) -> Iterator[str]:

@@ -6,8 +6,8 @@ storage_path; it is imported only when a storage is given."""
 from pathlib import Path
 from typing import Any
 
+from ._errors import ConfigError
 from ._redact import redacted
-from ._validate import ConfigError
 
 KEY = "hydra.launcher.sync_down.storage"
 _CHUNK = 1 << 22

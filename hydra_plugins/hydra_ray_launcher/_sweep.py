@@ -15,14 +15,14 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
-from ._engine import Job, Policy
-from ._jobs import INTERRUPTED, SUCCEEDED, JobError, JobOutcome
+from ._engine import Policy
+from ._errors import ConfigError, JobError, UnreadableRecord
+from ._jobs import INTERRUPTED, SUCCEEDED, Job, JobOutcome
 from ._records import (
     EARLIER,
     MANIFEST,
     RECORD_DIR,
     UNREADABLE,
-    UnreadableRecord,
     job_records,
     load_record,
     read_manifest,
@@ -34,7 +34,7 @@ from ._records import (
     write_summary,
 )
 from ._report import describe, summary_table, want_live
-from ._validate import ConfigError, refuse, settings_problems
+from ._validate import refuse, settings_problems
 
 log = logging.getLogger(__name__)
 

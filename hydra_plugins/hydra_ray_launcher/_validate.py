@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from ._errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +33,6 @@ _NODE_RESOURCE_KEYS = (
     "resources",
     "labels",
 )
-
-
-class ConfigError(CompactHydraException):
-    """A launcher config value that cannot work; the message names the key and the fix.
-    Compact: Hydra prints the message alone, not a traceback of the plugin."""
 
 
 def plain_dict(node: DictConfig) -> dict[str, Any]:

@@ -3,36 +3,21 @@ with Ray's cluster launcher, runs the sweep there, brings every job's outputs
 home, and tears the cluster down."""
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
-from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-if TYPE_CHECKING:
-    from ._cluster import ClusterLifetime
-    from ._sweep import SweepBook
+from ._launcher import RayLauncherBase
 
 
-class RayAWSLauncher(Launcher):
-    def __init__(self, **settings: Any) -> None:
-        # The settings are read from the Hydra config given to setup(), as one node.
-        self.hydra_context: HydraContext | None = None
-        self.task_function: TaskFunction | None = None
-        self.config: DictConfig | None = None
-        # The sweep's jobs and outcomes across batches (summary, resume).
-        self.book: SweepBook | None = None
-        # The multirun's one cluster, made at the first launch() (see _cluster.py).
-        self.lifetime: ClusterLifetime | None = None
-
+class RayAWSLauncher(RayLauncherBase):
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
-        self.hydra_context = hydra_context
-        self.task_function = task_function
-        self.config = config
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         callbacks = hydra_context.callbacks.callbacks
         if not any(isinstance(c, _CloseAtMultirunEnd) for c in callbacks):
             callbacks.append(_CloseAtMultirunEnd(self))
@@ -40,19 +25,18 @@ class RayAWSLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        # Lazy import: Hydra imports this module at every start of every app.
         from . import _remote
 
         try:
-            return _remote.launch(self, job_overrides, initial_job_idx)
+            return _remote.launch(self.ready(), job_overrides, initial_job_idx)
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
         """Tear down (or keep, as configured) the cluster this launcher created."""
-        if self.lifetime is not None:
-            self.lifetime.close()
+        if self.session is not None and self.session.lifetime is not None:
+            self.session.lifetime.close()
 
 
 class _CloseAtMultirunEnd(Callback):

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._cluster import Cluster, ClusterCommandError, RemoteTmp
+from hydra_plugins.hydra_ray_launcher._cluster import Cluster, RemoteTmp
 from hydra_plugins.hydra_ray_launcher._config import RsyncConf
-from hydra_plugins.hydra_ray_launcher._errors import OutputsNotHomeError
+from hydra_plugins.hydra_ray_launcher._errors import ClusterCommandError, OutputsNotHomeError
 from hydra_plugins.hydra_ray_launcher._remote import _bring_home
 
 HEAD_TMP = "/tmp/hydra-ray-abc"

@@ -11,7 +11,8 @@ import click
 import pytest
 from hydra.experimental.callback import Callback
 
-from hydra_plugins.hydra_ray_launcher._cluster import Cluster, ClusterCommandError
+from hydra_plugins.hydra_ray_launcher._cluster import Cluster
+from hydra_plugins.hydra_ray_launcher._errors import ClusterCommandError
 from hydra_plugins.hydra_ray_launcher.ray_aws_launcher import RayAWSLauncher, _CloseAtMultirunEnd
 
 DOCKER = {"image": "rayproject/ray:latest", "container_name": "ray_container"}
