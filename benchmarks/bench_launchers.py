@@ -200,10 +200,10 @@ def job_spec_sizes(jobs: int, sample: int = 200) -> tuple[int, int]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import HydraContext, RunMode
 
-    from hydra_plugins.hydra_ray_launcher._engine import Policy
     from hydra_plugins.hydra_ray_launcher._head_driver import JobSpec
     from hydra_plugins.hydra_ray_launcher._jobs import (
         Job,
+        Policy,
         capture_sweep_state,
         compose_each,
         composed_here,

@@ -39,7 +39,7 @@ export PYTHONPATH="$HYDRA14${PYTHONPATH:+:$PYTHONPATH}"
 "$VENV/bin/python" -c 'import hydra, omegaconf; print("Hydra", hydra.__version__, "OmegaConf", omegaconf.__version__)'
 "$VENV/bin/python" -m pytest -p no:cacheprovider tests/test_conformance.py \
   tests/test_secrets.py tests/test_sweep_records.py tests/test_dry_run.py tests/test_tracebacks.py \
-  tests/test_hydra_versions.py tests/test_snapshot.py tests/test_held.py \
+  tests/test_hydra_versions.py tests/test_snapshot.py tests/test_held.py tests/test_structure.py \
   "tests/test_ray_launcher.py::test_nothing_of_ours_warns_at_discovery_in_workers_or_per_job" \
   "tests/test_resources.py::test_each_job_gets_the_resources_its_own_config_asks_for" \
   "tests/test_resources.py::test_a_value_that_does_not_resolve_for_a_job_is_refused_before_ray_starts"

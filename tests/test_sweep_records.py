@@ -19,7 +19,6 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from hydra_plugins.hydra_ray_launcher import _records
-from hydra_plugins.hydra_ray_launcher._engine import Policy
 from hydra_plugins.hydra_ray_launcher._errors import ConfigError
 from hydra_plugins.hydra_ray_launcher._jobs import (
     FAILED,
@@ -28,6 +27,7 @@ from hydra_plugins.hydra_ray_launcher._jobs import (
     TIMED_OUT,
     Job,
     JobOutcome,
+    Policy,
 )
 from hydra_plugins.hydra_ray_launcher._records import (
     RECORD_DIR,

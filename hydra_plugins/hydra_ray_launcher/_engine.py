@@ -26,6 +26,7 @@ from ._jobs import (
     Job,
     JobOutcome,
     JobStarted,
+    Policy,
     SweepState,
     dumps_for_cluster,
     run_one_job,
@@ -64,24 +65,6 @@ def ship_state(state: SweepState) -> ShippedState:
         ref=ray.put(dumps_for_cluster(state)),
         ray_job_id=ray.get_runtime_context().get_job_id(),
     )
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How the engine treats failing and slow jobs (hydra.launcher.retries and
-    hydra.launcher.job_timeout_s)."""
-
-    # Runs a job again this many times at most when its task function raises.
-    retries: int = 0
-    # Cancels an attempt that has run longer than this; None: no limit.
-    job_timeout_s: float | None = None
-    # At most this many attempts in flight; None: as many as in_flight_limit().
-    max_concurrent_jobs: int | None = None
-    # An attempt past its timeout is first stopped catchably (KeyboardInterrupt in
-    # the job, Ray's own cancel), then cancelled by force this long after.
-    stop_grace_s: float = 10.0
-    # A timed-out job runs again, within `retries`, like one that raised.
-    retry_timed_out: bool = False
 
 
 @dataclass

@@ -41,9 +41,16 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from ._digest import file_digest
-from ._engine import Policy
 from ._gather import JobDirs, LeftOnNode, gather_outputs
-from ._jobs import Job, JobOutcome, JobStarted, SweepState, capture_sweep_state, composed_here
+from ._jobs import (
+    Job,
+    JobOutcome,
+    JobStarted,
+    Policy,
+    SweepState,
+    capture_sweep_state,
+    composed_here,
+)
 from ._records import RECORD_DIR, read_record
 from ._redact import redacted
 from ._resources import JobResources, for_sweep

@@ -15,9 +15,8 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
-from ._engine import Policy
 from ._errors import ConfigError, JobError, UnreadableRecord
-from ._jobs import INTERRUPTED, SUCCEEDED, Job, JobOutcome
+from ._jobs import INTERRUPTED, SUCCEEDED, Job, JobOutcome, Policy
 from ._records import (
     EARLIER,
     MANIFEST,
