@@ -1,0 +1,39 @@
+"""What an earlier version of the plugin wrote still works with this one.
+
+tests/fixtures/records_2.0.0.dev0 is the sweep dir that version (commit dea5626)
+wrote for `tests/apps/app.py --multirun x=1,2,3 fail_first=[2]
+hydra.sweep.dir=sweep hydra.launcher.ray.init.num_cpus=1`: jobs #0 and #2
+succeeded, job #1 raised. Its records pickle the plugin's classes by their
+module paths of then: a move of a module must keep them loadable."""
+
+import json
+import shutil
+from pathlib import Path
+
+from .conftest import run_app
+
+FIXTURE = Path(__file__).parent / "fixtures" / "records_2.0.0.dev0"
+
+
+def test_a_sweep_recorded_by_2_0_0_dev0_resumes_running_only_its_failed_job(
+    ray_session: str, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    shutil.copytree(FIXTURE, sweep)
+    res = run_app(
+        "app.py",
+        "x=1,2,3",
+        "fail_first=[2]",
+        "hydra.sweep.dir=sweep",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        "hydra.launcher.resume=true",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.output
+    assert "2 more succeeded earlier and were not run again" in res.output, res.output
+    # Each job's output dir counts its runs: job #1 ran once more, the others did not.
+    runs = [len((sweep / str(n) / f"runs_{n}").read_text().split()) for n in range(3)]
+    assert runs == [1, 2, 1]
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [j["status"] for j in summary["jobs"]] == ["succeeded"] * 3
+    assert [j["return_value"] for j in summary["jobs"]] == [10, 20, 30]
