@@ -94,13 +94,13 @@ class Dashboard:
             raise ConfigError(self._refused(str(exc))) from None
         except ConnectionError:
             raise ConfigError(
-                f"Cannot reach the dashboard at {self.address} (hydra.session.address): is "
+                f"Cannot reach the dashboard at {self.address} (hydra.launcher.address): is "
                 "the cluster up, and the port-forward (`kubectl port-forward "
                 "svc/<cluster>-head-svc 8265:8265`) running?"
             ) from None
         except (RuntimeError, OSError) as exc:  # an HTTP answer, not the Jobs API's
             raise ConfigError(
-                f"{self.address} (hydra.session.address) answered, but not as a Ray "
+                f"{self.address} (hydra.launcher.address) answered, but not as a Ray "
                 f"dashboard's Jobs API ({exc}): give the dashboard's port (8265 by default)"
             ) from None
 
@@ -108,7 +108,7 @@ class Dashboard:
         fix = (
             "Set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on its head; "
             "on KubeRay, the RayCluster's auth secret), or write it to ~/.ray/auth_token, or "
-            "give +hydra.session.headers.Authorization='Bearer <token>'"
+            "give +hydra.launcher.headers.Authorization='Bearer <token>'"
         )
         if self.token_from is None:
             return (
@@ -133,7 +133,7 @@ def _with_token(headers: dict[str, str]) -> tuple[dict[str, str], str | None]:
     wins. Sent to a cluster without token authentication, it is ignored there.
     Raises ConfigError."""
     if any(k.lower() in _AUTH_HEADERS for k in headers):
-        return headers, "hydra.session.headers"
+        return headers, "hydra.launcher.headers"
     token, source = os.environ.get("RAY_AUTH_TOKEN", "").strip(), "RAY_AUTH_TOKEN"
     if not token:
         named = os.environ.get("RAY_AUTH_TOKEN_PATH")
@@ -155,10 +155,10 @@ def _with_token(headers: dict[str, str]) -> tuple[dict[str, str], str | None]:
 
 
 def dashboard_address(settings: DictConfig) -> str:
-    """hydra.session.address, else RAY_API_SERVER_ADDRESS, else an http(s)
+    """hydra.launcher.address, else RAY_API_SERVER_ADDRESS, else an http(s)
     RAY_ADDRESS (as `ray job submit`). Raises ConfigError."""
     address = settings.address
-    key = "hydra.session.address"
+    key = "hydra.launcher.address"
     if address is None:
         for var in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"):
             value = os.environ.get(var, "")
@@ -175,7 +175,7 @@ def dashboard_address(settings: DictConfig) -> str:
             f"{key}={address} is not a dashboard address: the ray_jobs launcher talks to the "
             "dashboard, http(s)://HOST:8265. For a Ray Client (ray://HOST:10001) or GCS "
             "(HOST:6379) address, use hydra/launcher=ray with "
-            "hydra.session.ray.init.address=..."
+            "hydra.launcher.ray.init.address=..."
         )
     return address.rstrip("/")
 
@@ -185,7 +185,7 @@ def _dashboard(settings: DictConfig) -> Dashboard:
     verify = settings.verify
     if not isinstance(verify, (bool, str)):
         raise ConfigError(
-            f"hydra.session.verify={verify} is not valid: true, false, or a CA bundle's path"
+            f"hydra.launcher.verify={verify} is not valid: true, false, or a CA bundle's path"
         )
     sent, token_from = _with_token({str(k): str(v) for k, v in headers.items()})
     return Dashboard(dashboard_address(settings), sent, verify, token_from)
@@ -207,7 +207,7 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
         problems.append(
             ConfigError(
-                f"hydra.session.agent_wait_s={wait} is not valid: set it to the seconds to "
+                f"hydra.launcher.agent_wait_s={wait} is not valid: set it to the seconds to "
                 "wait for the cluster's job agent to come up (a finite number >= 0)"
             )
         )
@@ -216,8 +216,8 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
     if numbers and stop_wait < grace + 5:
         problems.append(
             ConfigError(
-                f"hydra.session.stop_wait_s={stop_wait} is too short for "
-                f"hydra.session.stop_grace_s={grace}: after Ctrl-C, Ray kills the sweep's "
+                f"hydra.launcher.stop_wait_s={stop_wait} is too short for "
+                f"hydra.launcher.stop_grace_s={grace}: after Ctrl-C, Ray kills the sweep's "
                 "driver stop_wait_s after it stops it, before its jobs' grace to save their "
                 "work has ended and before it packs what finished. Set stop_wait_s to at "
                 f"least {grace + 5:g} (stop_grace_s + 5), or lower stop_grace_s"
@@ -348,9 +348,9 @@ def _no_results(client: Any, dashboard: Dashboard, submission_id: str, logs: str
     missing = re.findall(r"ModuleNotFoundError: No module named '([^']+)'", logs or message)
     hint = (
         f" The cluster's Python has no module {missing[-1]!r}. Your own code travels with "
-        "hydra.session.sync_up.source_dir; packages (the driver needs hydra-core, omegaconf "
+        "hydra.launcher.sync_up.source_dir; packages (the driver needs hydra-core, omegaconf "
         "and cloudpickle, the jobs what the app imports) go in the cluster's image or in "
-        "hydra.session.runtime_env.pip."
+        "hydra.launcher.runtime_env.pip."
         if missing
         else ""
     )
@@ -467,7 +467,7 @@ def _clean_cluster(
 def _resume_hint(book: SweepBook) -> str:
     return (
         f"the same command with hydra.sweep.dir={book.sweep_dir.resolve()} "
-        "hydra.session.resume=true"
+        "hydra.launcher.resume=true"
     )
 
 
@@ -568,7 +568,7 @@ def _submit(client: Any, wait_s: float, **job: Any) -> None:
                     f"{_NO_AGENT!r} for {wait_s:g} s): a head's dashboard agent "
                     "that did not start (see dashboard_agent.log in its Ray log dir; a port "
                     "taken by another Ray on that machine is a usual cause). A head that "
-                    "takes longer to start it: raise hydra.session.agent_wait_s"
+                    "takes longer to start it: raise hydra.launcher.agent_wait_s"
                 ) from None
             log.info("The cluster's job agent is not up yet: submitting again in 2 s")
             time.sleep(2)
@@ -602,7 +602,7 @@ def _stage(
             exclude=list(sync.exclude),
         )
         subprocess.run(cmd, check=True)
-    # Each job's hydra.session.ray.remote, where it interpolates into the job's
+    # Each job's hydra.launcher.ray.remote, where it interpolates into the job's
     # config: a value that does not resolve is refused here, before the upload.
     spec = build_job_spec(
         session.hydra_context,
@@ -642,14 +642,14 @@ def dry_run(
     up = settings.sync_up
     source = Path(str(up.source_dir)).expanduser().resolve() if up.source_dir else None
     if source is None:
-        lines.append("code: none sent (hydra.session.sync_up.source_dir is null)")
+        lines.append("code: none sent (hydra.launcher.sync_up.source_dir is null)")
     elif source.is_dir():
         total = upload_lines(lines, "code", source, up)
         if total > UPLOAD_LIMIT:
             plan.problems.append(
-                f"hydra.session.sync_up: {size_text(total)} of code is over Ray's upload limit of "
+                f"hydra.launcher.sync_up: {size_text(total)} of code is over Ray's upload limit of "
                 f"{size_text(UPLOAD_LIMIT)}: leave out what the jobs do not need with "
-                "hydra.session.sync_up.exclude (the biggest files are listed above)"
+                "hydra.launcher.sync_up.exclude (the biggest files are listed above)"
             )
     down = settings.sync_down
     lines.append(
@@ -676,7 +676,7 @@ def _check_upload_size(package: Path) -> None:
     raise ConfigError(
         f"The Ray job's package is {total / 2**20:.0f} MiB, over Ray's upload limit of "
         f"{UPLOAD_LIMIT / 2**20:.0f} MiB; the biggest files: {listed}. Leave out what the jobs "
-        "do not need with hydra.session.sync_up.exclude (or sync_up.include)"
+        "do not need with hydra.launcher.sync_up.exclude (or sync_up.include)"
     )
 
 
@@ -687,7 +687,7 @@ def _shown(path: Path, package: Path) -> str:
 
 def _runtime_env(settings: DictConfig, package: Path, code: bool) -> dict[str, Any]:
     """The Ray job's runtime_env, which every task of the sweep gets: the user's
-    (hydra.session.runtime_env over hydra.session.ray.init.runtime_env), the
+    (hydra.launcher.runtime_env over hydra.launcher.ray.init.runtime_env), the
     package as working_dir with this plugin and the code on the path, and time
     for a stopped driver to pack what finished."""
     env: dict[str, Any] = {}

@@ -81,7 +81,7 @@ def _run_here(
 ) -> list[JobOutcome]:
     """Start (or connect to) Ray once, ship the sweep state once, run the batch."""
     config = session.config
-    # Each job's hydra.session.ray.remote, where it interpolates into the job's
+    # Each job's hydra.launcher.ray.remote, where it interpolates into the job's
     # config: a value that does not resolve is refused before Ray starts.
     resources = for_sweep(session.hydra_context, config)
     resources.resolve_ahead(current.to_run)
@@ -130,16 +130,16 @@ def _check_schedulable(
     if connected:
         log.warning(
             f"No node of the cluster can run {which} now ({why}): it waits until the "
-            "cluster has such a node (hydra.session.ray.remote)"
+            "cluster has such a node (hydra.launcher.ray.remote)"
         )
         return
     refused = (
         "No job can run" if jobs is None else f"No node can run job #{', #'.join(map(str, jobs))}"
     )
     raise ConfigError(
-        f"{refused} on this Ray: {why}. Lower hydra.session.ray.remote.num_cpus / "
+        f"{refused} on this Ray: {why}. Lower hydra.launcher.ray.remote.num_cpus / "
         "num_gpus / memory / resources, or give the local Ray more "
-        "(hydra.session.ray.init.num_cpus, ...)"
+        "(hydra.launcher.ray.init.num_cpus, ...)"
     )
 
 
@@ -190,7 +190,7 @@ def start_ray(init: dict[str, Any]) -> None:
             reasons.append(f"{type(cause).__name__}: {cause}")
             cause = cause.__cause__
         raise ConfigError(
-            f"ray.init() refused hydra.session.ray.init {redacted(kwargs)}: "
+            f"ray.init() refused hydra.launcher.ray.init {redacted(kwargs)}: "
             + "; caused by ".join(reasons)
         ) from exc
     _ray_initialised_here = True

@@ -82,7 +82,7 @@ def launch(
 
     with batch(book, job_overrides, initial_job_idx) as current:
         if current.to_run:
-            # Each job's hydra.session.ray.remote, where it interpolates into the
+            # Each job's hydra.launcher.ray.remote, where it interpolates into the
             # job's config: a value that does not resolve is refused here, before the cluster.
             spec = build_job_spec(
                 session.hydra_context,
