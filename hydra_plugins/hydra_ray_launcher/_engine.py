@@ -9,7 +9,6 @@ modules named `_*`).
 import collections
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +26,7 @@ from ._jobs import (
     JobOutcome,
     JobStarted,
     Policy,
-    SweepState,
-    dumps_for_cluster,
+    ShippedState,
     run_one_job,
     run_one_job_reporting,
 )
@@ -38,33 +36,6 @@ from ._resources import JobResources, request
 from ._validate import without_nulls
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ShippedState:
-    """A SweepState in Ray's object store, under a key unique to it."""
-
-    key: str
-    ref: Any  # ray.ObjectRef of the cloudpickled SweepState
-    ray_job_id: str  # refs are valid only while this Ray connection lives
-
-    def is_current(self) -> bool:
-        import ray
-
-        return ray.is_initialized() and ray.get_runtime_context().get_job_id() == self.ray_job_id
-
-
-def ship_state(state: SweepState) -> ShippedState:
-    """Put the state all jobs share into the object store, once for all jobs
-    (the other Hydra plugins' classes by value: Ray Client's workers, or another
-    machine's, need not have them)."""
-    import ray
-
-    return ShippedState(
-        key=uuid.uuid4().hex,
-        ref=ray.put(dumps_for_cluster(state)),
-        ray_job_id=ray.get_runtime_context().get_job_id(),
-    )
 
 
 @dataclass

@@ -50,6 +50,7 @@ from ._jobs import (
     SweepState,
     capture_sweep_state,
     composed_here,
+    ship_state,
 )
 from ._records import RECORD_DIR, read_record
 from ._redact import redacted
@@ -195,7 +196,7 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
     )
     log.info(f"Connecting to the cluster's Ray with config: {redacted(init)}")
     ray.init(**init)
-    shipped = _engine.ship_state(state)
+    shipped = ship_state(state)
 
     def started(event: JobStarted) -> None:
         with open(_STARTS_FILE, "a") as f:

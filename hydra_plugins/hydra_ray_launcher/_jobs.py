@@ -10,6 +10,7 @@ import sys
 import time
 import traceback
 import types
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,33 @@ from ._snapshot import portable_context, why_not_portable
 from ._tracebacks import drop_chain, pack, unpack
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShippedState:
+    """A SweepState in Ray's object store, under a key unique to it."""
+
+    key: str
+    ref: Any  # ray.ObjectRef of the cloudpickled SweepState
+    ray_job_id: str  # refs are valid only while this Ray connection lives
+
+    def is_current(self) -> bool:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().get_job_id() == self.ray_job_id
+
+
+def ship_state(state: "SweepState") -> ShippedState:
+    """Put the state all jobs share into the object store, once for all jobs
+    (the other Hydra plugins' classes by value: Ray Client's workers, or another
+    machine's, need not have them)."""
+    import ray
+
+    return ShippedState(
+        key=uuid.uuid4().hex,
+        ref=ray.put(dumps_for_cluster(state)),
+        ray_job_id=ray.get_runtime_context().get_job_id(),
+    )
 
 
 @dataclass(frozen=True)

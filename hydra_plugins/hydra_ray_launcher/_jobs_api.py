@@ -25,9 +25,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hydra.core.utils import JobReturn, configure_log, setup_globals
+from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
+from . import _launch
 from ._digest import file_digest
 from ._errors import ConfigError, DriverError, LostDashboardError, OutputsNotHomeError
 from ._head_driver import (
@@ -47,12 +48,12 @@ from ._records import RECORD_DIR, move_records_home, moved_home, read_record
 from ._redact import redacted
 from ._scratch import scratch_dir
 from ._storage import storage_problems
-from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
+from ._sweep import Batch, SweepBook
 from ._sync import rsync_command
 from ._validate import plain_dict, refuse, source_dir_problems, sweep_problems, without_nulls
 
 if TYPE_CHECKING:
-    from ._session import Session
+    from ._sweep import Session
 
 log = logging.getLogger(__name__)
 
@@ -236,24 +237,31 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
 def launch(
     session: "Session", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> Sequence[JobReturn]:
-    config = session.config
-    settings: DictConfig = config.hydra.launcher
-    setup_globals()
-    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    if settings.dry_run:
-        dry_run(session.hydra_context, config, job_overrides, initial_job_idx)
-    if session.book is None:
-        # Everything that can be refused is refused here, before any upload.
+    return _launch.launch(_ThroughDashboard(), session, job_overrides, initial_job_idx)
+
+
+class _ThroughDashboard:
+    """The `ray_jobs` launcher's hooks (see _launch.LaunchPath)."""
+
+    def prepare_process(self, session: "Session") -> None:
+        pass
+
+    def dry_run(
+        self, session: "Session", job_overrides: Sequence[Sequence[str]], first: int
+    ) -> NoReturn:
+        dry_run(session.hydra_context, session.config, job_overrides, first)
+
+    def check(self, session: "Session") -> None:
+        """Also that the dashboard (and sync_down.storage) answers, before any upload."""
+        settings: DictConfig = session.config.hydra.launcher
         refuse(jobs_problems(settings))
         _check_reachable(settings)
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        session.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
-    book = session.book
-    with batch(book, job_overrides, initial_job_idx) as current:
-        if current.to_run:
-            current.outcomes = _run(session, book, current, _dashboard(settings))
-    return current.returns
+
+    def run_batch(self, session: "Session", book: SweepBook, current: Batch) -> list[JobOutcome]:
+        return _run(session, book, current, _dashboard(session.config.hydra.launcher))
+
+    def interrupted(self) -> None:
+        pass  # the Ray job was stopped and what finished brought home (_follow)
 
 
 def _check_reachable(settings: DictConfig) -> None:

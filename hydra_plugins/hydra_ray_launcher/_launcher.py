@@ -11,7 +11,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 if TYPE_CHECKING:
-    from ._session import Session
+    from ._sweep import Session
 
 
 class RayLauncherBase(Launcher):
@@ -24,7 +24,7 @@ class RayLauncherBase(Launcher):
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
-        from ._session import Session
+        from ._sweep import Session
 
         if self.session is None:
             self.session = Session(hydra_context, task_function, config)

@@ -11,23 +11,23 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from hydra.core.utils import JobReturn, configure_log, setup_globals
+from hydra.core.utils import JobReturn
 
-from . import _engine
+from . import _engine, _launch
 from ._connect import check_connection
 from ._errors import ConfigError
 from ._gather import JobDirs, gather_outputs
-from ._jobs import JobOutcome, JobStarted, capture_sweep_state, composed_here
+from ._jobs import JobOutcome, JobStarted, capture_sweep_state, composed_here, ship_state
 from ._procs import descendants, kill_new_descendants
 from ._redact import redacted
 from ._resources import for_sweep
-from ._sweep import Batch, SweepBook, batch, sweep_settings, task_overrides
+from ._sweep import Batch, SweepBook
 from ._validate import plain_dict, ray_init_kwargs, refuse, sweep_problems
 
 if TYPE_CHECKING:
-    from ._session import Session
+    from ._sweep import Session
 
 log = logging.getLogger(__name__)
 
@@ -39,38 +39,36 @@ _ray_initialised_here = False
 def launch(
     session: "Session", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> Sequence[JobReturn]:
-    config = session.config
-    settings = config.hydra.launcher
-    # Each job's own lines matter in a sweep: Ray's log deduplication (read when
-    # ray is imported) would fold "similar" lines of different jobs into one.
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    if not sys.stdout.isatty():
-        # Logs in a file or CI: the prefix of the jobs' lines without colour codes
-        # (read by Ray at every line).
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    setup_globals()
-    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    if settings.dry_run:
+    return _launch.launch(_Local(), session, job_overrides, initial_job_idx)
+
+
+class _Local:
+    """The `ray` launcher's hooks (see _launch.LaunchPath)."""
+
+    def prepare_process(self, session: "Session") -> None:
+        # Each job's own lines matter in a sweep: Ray's log deduplication (read when
+        # ray is imported) would fold "similar" lines of different jobs into one.
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        if not sys.stdout.isatty():
+            # Logs in a file or CI: the prefix of the jobs' lines without colour codes
+            # (read by Ray at every line).
+            os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+    def dry_run(
+        self, session: "Session", job_overrides: Sequence[Sequence[str]], first: int
+    ) -> NoReturn:
         from ._plan import dry_run_local
 
-        dry_run_local(session.hydra_context, config, job_overrides, initial_job_idx)
-    if session.book is None:
-        # Everything that can be refused is refused here, before Ray starts.
-        refuse(sweep_problems(settings))
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        session.book = SweepBook(sweep_dir, task_overrides(config), sweep_settings(settings))
-    book = session.book
-    init = plain_dict(settings.ray.init)
+        dry_run_local(session.hydra_context, session.config, job_overrides, first)
 
-    try:
-        with batch(book, job_overrides, initial_job_idx) as current:
-            if current.to_run:
-                current.outcomes = _run_here(session, book, current, init)
-        return current.returns
-    except KeyboardInterrupt:
+    def check(self, session: "Session") -> None:
+        refuse(sweep_problems(session.config.hydra.launcher))  # before Ray starts
+
+    def run_batch(self, session: "Session", book: SweepBook, current: Batch) -> list[JobOutcome]:
+        return _run_here(session, book, current, plain_dict(session.config.hydra.launcher.ray.init))
+
+    def interrupted(self) -> None:
         stop_ray()
-        raise
 
 
 def _run_here(
@@ -91,7 +89,7 @@ def _run_here(
         _check_schedulable(options, jobs, connected=connected)
     if session.shipped is None or not session.shipped.is_current():
         state = capture_sweep_state(session.hydra_context, session.task_function, config)
-        session.shipped = _engine.ship_state(state)
+        session.shipped = ship_state(state)
     if not _engine.single_machine():
         # Other machines need not have the app's config files.
         configs = composed_here(session.hydra_context, config, current.to_run)

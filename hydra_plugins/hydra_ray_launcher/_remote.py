@@ -10,11 +10,12 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from hydra.core.utils import JobReturn, configure_log, setup_globals
+from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
+from . import _launch
 from ._cluster import Cluster, ClusterLifetime, Leftovers, RemoteTmp, remote_temp_dir
 from ._errors import ClusterCommandError, DriverError, OutputsNotHomeError
 from ._head_driver import (
@@ -32,7 +33,7 @@ from ._head_driver import (
 from ._jobs import JobOutcome, dumps_for_cluster
 from ._records import RECORD_DIR, move_records_home, moved_home
 from ._scratch import scratch_dir
-from ._sweep import SweepBook, batch, sweep_settings, task_overrides
+from ._sweep import Batch, SweepBook
 from ._sync import rsync_command
 from ._validate import (
     check_launch_preconditions,
@@ -43,7 +44,7 @@ from ._validate import (
 )
 
 if TYPE_CHECKING:
-    from ._session import Session
+    from ._sweep import Session
 
 log = logging.getLogger(__name__)
 
@@ -54,46 +55,53 @@ _FOUND = "HYDRA_RAY_FOUND"
 def launch(
     session: "Session", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> Sequence[JobReturn]:
-    config = session.config
-    settings: DictConfig = config.hydra.launcher
-    setup_globals()
-    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    if settings.dry_run:
+    return _launch.launch(_OnCluster(), session, job_overrides, initial_job_idx)
+
+
+class _OnCluster:
+    """The `ray_aws` / `ray_cluster` launchers' hooks (see _launch.LaunchPath)."""
+
+    def prepare_process(self, session: "Session") -> None:
+        pass
+
+    def dry_run(
+        self, session: "Session", job_overrides: Sequence[Sequence[str]], first: int
+    ) -> NoReturn:
         from ._plan import dry_run_cluster
 
+        config = session.config
         choice = config.hydra.runtime.choices.get("hydra/launcher", "ray_aws")
-        dry_run_cluster(session.hydra_context, config, job_overrides, initial_job_idx, str(choice))
-    if session.lifetime is None:
-        # Everything that can be refused is refused here, before anything costs.
+        dry_run_cluster(session.hydra_context, config, job_overrides, first, str(choice))
+
+    def check(self, session: "Session") -> None:
+        """Also the cluster config as Ray will get it, and access to its provider:
+        kept as the session's cluster lifetime (no cluster exists yet)."""
+        settings: DictConfig = session.config.hydra.launcher
         check_launch_preconditions(settings)
-        sweep = sweep_settings(settings)
         cluster_config = named_cluster(
-            cluster_config_for_ray(settings), settings, str(config.hydra.job.name)
+            cluster_config_for_ray(settings), settings, str(session.config.hydra.job.name)
         )
         validate_cluster_config(cluster_config)
         check_provider_access(cluster_config)
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        session.book = SweepBook(sweep_dir, task_overrides(config), sweep)
         session.lifetime = ClusterLifetime(settings, cluster_config)
-    book = session.book
-    lifetime = session.lifetime
-    assert book is not None
 
-    with batch(book, job_overrides, initial_job_idx) as current:
-        if current.to_run:
-            # Each job's hydra.launcher.ray.remote, where it interpolates into the
-            # job's config: a value that does not resolve is refused here, before the cluster.
-            spec = build_job_spec(
-                session.hydra_context,
-                session.task_function,
-                session.config,
-                book,
-                current,
-                _code_dir(settings.sync_up),
-            )
-            current.outcomes = _run_on_cluster(lifetime, spec, settings, book.sweep_dir)
-    return current.returns
+    def run_batch(self, session: "Session", book: SweepBook, current: Batch) -> list[JobOutcome]:
+        assert session.lifetime is not None
+        settings: DictConfig = session.config.hydra.launcher
+        # Each job's hydra.launcher.ray.remote, where it interpolates into the
+        # job's config: a value that does not resolve is refused here, before the cluster.
+        spec = build_job_spec(
+            session.hydra_context,
+            session.task_function,
+            session.config,
+            book,
+            current,
+            _code_dir(settings.sync_up),
+        )
+        return _run_on_cluster(session.lifetime, spec, settings, book.sweep_dir)
+
+    def interrupted(self) -> None:
+        pass  # the launcher tears down (or keeps) the cluster, on every error
 
 
 def _run_on_cluster(

@@ -11,12 +11,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from ._errors import ConfigError, JobError, UnreadableRecord
-from ._jobs import INTERRUPTED, SUCCEEDED, Job, JobOutcome, Policy
+from ._jobs import INTERRUPTED, SUCCEEDED, Job, JobOutcome, Policy, ShippedState
 from ._records import (
     EARLIER,
     MANIFEST,
@@ -34,6 +36,9 @@ from ._records import (
 )
 from ._report import describe, summary_table, want_live
 from ._validate import refuse, settings_problems
+
+if TYPE_CHECKING:
+    from ._cluster import ClusterLifetime
 
 log = logging.getLogger(__name__)
 
@@ -360,3 +365,22 @@ def _counts(outcomes: Sequence[JobOutcome]) -> str:
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
     return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
+@dataclass
+class Session:
+    """What a launch path gets from the launcher Hydra made: Hydra's context, the
+    app, the multirun's config, and what the sweep keeps across the sweeper's
+    batches. Each launch path fills the fields it uses; none sees a Launcher."""
+
+    hydra_context: HydraContext
+    task_function: TaskFunction
+    config: DictConfig
+    # The sweep's jobs and outcomes across batches (summary, resume): made at the
+    # first launch().
+    book: "SweepBook | None" = None
+    # `ray`: the sweep state in Ray's object store, shipped at the first launch()
+    # and reused by the next batches while the Ray connection lives.
+    shipped: ShippedState | None = None
+    # `ray_aws`/`ray_cluster`: the multirun's one cluster, made at the first launch().
+    lifetime: "ClusterLifetime | None" = None
