@@ -1,5 +1,5 @@
 """Every key of every launcher's config can be set from the command line, in
-the forms the README shows (plain for a declared key, `+` for a key added below
+the forms docs/configuration.md shows (plain for a declared key, `+` for a key added below
 a dict), and the value reaches what the launcher hands to Ray: ray.init(),
 ray.remote() or the cluster config. The cases are generated from the config
 dataclasses, so a key added later is covered too."""
