@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
-from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from ._digest import file_digest
@@ -59,7 +58,7 @@ from ._sync import rsync_command
 from ._validate import plain_dict, ray_init_kwargs
 
 if TYPE_CHECKING:
-    from ._sweep import Batch, SweepBook
+    from ._sweep import Batch, Session, SweepBook
 
 log = logging.getLogger(__name__)
 
@@ -121,21 +120,18 @@ class JobSpec:
 
 
 def build_job_spec(
-    context: HydraContext,
-    task_function: TaskFunction,
-    config: DictConfig,
-    book: "SweepBook",
-    current: "Batch",
-    code_dir: str | None,
+    session: "Session", book: "SweepBook", current: "Batch", code_dir: str | None
 ) -> JobSpec:
     """What the head's driver needs for the batch, built before anything is sent
-    (an app that cannot be pickled fails here, for free). Raises ResourceError
-    for a job whose hydra.launcher.ray.remote does not resolve (within the
-    resolution budget: later jobs fail alone, on the head)."""
+    (an app that cannot be pickled fails here, for free). Each job's
+    hydra.launcher.ray.remote, where it interpolates into the job's config, is
+    resolved here: raises ResourceError for a job whose value does not resolve
+    (within the resolution budget: later jobs fail alone, on the head)."""
+    context, config = session.hydra_context, session.config
     configs = composed_here(context, config, current.to_run)
     for_sweep(context, config, configs).resolve_ahead(current.to_run)
     return JobSpec(
-        state=capture_sweep_state(context, task_function, config),
+        state=capture_sweep_state(context, session.task_function, config),
         jobs=current.to_run,
         configs=configs,
         init=plain_dict(config.hydra.launcher.ray.init),

@@ -25,7 +25,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
 from . import _launch
@@ -234,17 +233,8 @@ def launch_problems(settings: DictConfig) -> list[ConfigError]:
     return problems
 
 
-def launch(
-    session: "Session", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
-) -> Sequence[JobReturn]:
-    return _launch.launch(_ThroughDashboard(), session, job_overrides, initial_job_idx)
-
-
-class _ThroughDashboard:
+class ThroughDashboard(_launch.LaunchPath):
     """The `ray_jobs` launcher's hooks (see _launch.LaunchPath)."""
-
-    def prepare_process(self, session: "Session") -> None:
-        pass
 
     def dry_run(
         self, session: "Session", job_overrides: Sequence[Sequence[str]], first: int
@@ -259,9 +249,6 @@ class _ThroughDashboard:
 
     def run_batch(self, session: "Session", book: SweepBook, current: Batch) -> list[JobOutcome]:
         return _run(session, book, current, _dashboard(session.config.hydra.launcher))
-
-    def interrupted(self) -> None:
-        pass  # the Ray job was stopped and what finished brought home (_follow)
 
 
 def _check_reachable(settings: DictConfig) -> None:
@@ -610,16 +597,9 @@ def _stage(
             exclude=list(sync.exclude),
         )
         subprocess.run(cmd, check=True)
-    # Each job's hydra.launcher.ray.remote, where it interpolates into the job's
-    # config: a value that does not resolve is refused here, before the upload.
-    spec = build_job_spec(
-        session.hydra_context,
-        session.task_function,
-        session.config,
-        book,
-        current,
-        "code" if sync.source_dir is not None else None,
-    )
+    # A job whose ray.remote does not resolve is refused here, before the upload.
+    code_dir = "code" if sync.source_dir is not None else None
+    spec = build_job_spec(session, book, current, code_dir)
     (package / JOB_SPEC).write_bytes(dumps_for_cluster(spec))
     down = settings.sync_down
     plan = {

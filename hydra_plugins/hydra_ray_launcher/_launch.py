@@ -6,7 +6,7 @@ hooks (`LaunchPath`): it never sees a Launcher, only the `Session`."""
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 
@@ -14,8 +14,9 @@ from ._jobs import JobOutcome
 from ._sweep import Batch, Session, SweepBook, batch, sweep_settings, task_overrides
 
 
-class LaunchPath(Protocol):
-    """How one launcher reaches Ray."""
+class LaunchPath:
+    """How one launcher reaches Ray: the hooks the skeleton calls. The ones with
+    a body here are optional."""
 
     def prepare_process(self, session: Session) -> None:
         """Before anything else, each launch (environment variables Ray reads)."""
@@ -24,14 +25,17 @@ class LaunchPath(Protocol):
         self, session: Session, job_overrides: Sequence[Sequence[str]], first: int
     ) -> NoReturn:
         """Print the plan and every problem, then exit (hydra.launcher.dry_run)."""
+        raise NotImplementedError
 
     def check(self, session: Session) -> None:
         """At the first batch, before the sweep dir is made: raise ConfigError for
         anything that cannot work, before Ray, a cluster or an upload costs
         anything; keep on the session what the checks made (the cluster)."""
+        raise NotImplementedError
 
     def run_batch(self, session: Session, book: SweepBook, current: Batch) -> list[JobOutcome]:
         """Run the batch's jobs to run; their outcomes, in their order."""
+        raise NotImplementedError
 
     def interrupted(self) -> None:
         """Ctrl-C ended the batch: stop what this process started (it re-raises)."""

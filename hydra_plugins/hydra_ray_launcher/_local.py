@@ -13,8 +13,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hydra.core.utils import JobReturn
-
 from . import _engine, _launch
 from ._connect import check_connection
 from ._errors import ConfigError
@@ -36,13 +34,7 @@ log = logging.getLogger(__name__)
 _ray_initialised_here = False
 
 
-def launch(
-    session: "Session", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
-) -> Sequence[JobReturn]:
-    return _launch.launch(_Local(), session, job_overrides, initial_job_idx)
-
-
-class _Local:
+class Local(_launch.LaunchPath):
     """The `ray` launcher's hooks (see _launch.LaunchPath)."""
 
     def prepare_process(self, session: "Session") -> None:

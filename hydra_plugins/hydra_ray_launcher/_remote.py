@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
 from . import _launch
@@ -52,17 +51,8 @@ _REPORT_MARK = "HYDRA_RAY_GATHER_REPORT="
 _FOUND = "HYDRA_RAY_FOUND"
 
 
-def launch(
-    session: "Session", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
-) -> Sequence[JobReturn]:
-    return _launch.launch(_OnCluster(), session, job_overrides, initial_job_idx)
-
-
-class _OnCluster:
+class OnCluster(_launch.LaunchPath):
     """The `ray_aws` / `ray_cluster` launchers' hooks (see _launch.LaunchPath)."""
-
-    def prepare_process(self, session: "Session") -> None:
-        pass
 
     def dry_run(
         self, session: "Session", job_overrides: Sequence[Sequence[str]], first: int
@@ -88,20 +78,9 @@ class _OnCluster:
     def run_batch(self, session: "Session", book: SweepBook, current: Batch) -> list[JobOutcome]:
         assert session.lifetime is not None
         settings: DictConfig = session.config.hydra.launcher
-        # Each job's hydra.launcher.ray.remote, where it interpolates into the
-        # job's config: a value that does not resolve is refused here, before the cluster.
-        spec = build_job_spec(
-            session.hydra_context,
-            session.task_function,
-            session.config,
-            book,
-            current,
-            _code_dir(settings.sync_up),
-        )
+        # A job whose ray.remote does not resolve is refused here, before the cluster.
+        spec = build_job_spec(session, book, current, _code_dir(settings.sync_up))
         return _run_on_cluster(session.lifetime, spec, settings, book.sweep_dir)
-
-    def interrupted(self) -> None:
-        pass  # the launcher tears down (or keeps) the cluster, on every error
 
 
 def _run_on_cluster(

@@ -25,10 +25,11 @@ class RayAWSLauncher(RayLauncherBase):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from . import _remote
+        from . import _launch
+        from ._remote import OnCluster
 
         try:
-            return _remote.launch(self.ready(), job_overrides, initial_job_idx)
+            return _launch.launch(OnCluster(), self.ready(), job_overrides, initial_job_idx)
         except BaseException:
             self.close()
             raise

@@ -12,6 +12,7 @@ class RayJobsLauncher(RayLauncherBase):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from . import _jobs_api
+        from . import _launch
+        from ._jobs_api import ThroughDashboard
 
-        return _jobs_api.launch(self.ready(), job_overrides, initial_job_idx)
+        return _launch.launch(ThroughDashboard(), self.ready(), job_overrides, initial_job_idx)

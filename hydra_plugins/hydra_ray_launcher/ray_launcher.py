@@ -12,6 +12,7 @@ class RayLauncher(RayLauncherBase):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from . import _local
+        from . import _launch
+        from ._local import Local
 
-        return _local.launch(self.ready(), job_overrides, initial_job_idx)
+        return _launch.launch(Local(), self.ready(), job_overrides, initial_job_idx)
