@@ -759,7 +759,9 @@ def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
     book = SweepBook(tmp_path / "sweep", [], SweepSettings(False, 0, None, False))
     dashboard = _jobs_api.Dashboard("http://127.0.0.1:1", {}, True)
     with pytest.raises(OutputsNotHomeError, match=r"damaged.*they stay in file://"):
-        _jobs_api._bring_home(dashboard, _jobs_api._bundle_location(logs), settings, book, tmp_path)
+        _jobs_api._bring_pack_home(
+            dashboard, _jobs_api._bundle_location(logs), settings, book, tmp_path
+        )
     assert (shared / "hydra-app-1.tar").is_file()  # nothing removed that did not come home
 
 

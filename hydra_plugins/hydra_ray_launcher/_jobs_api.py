@@ -193,10 +193,10 @@ def _dashboard(settings: DictConfig) -> Dashboard:
 
 def jobs_problems(settings: DictConfig) -> list[ConfigError]:
     """What the ray_jobs launcher refuses before anything is uploaded."""
-    return sweep_problems(settings) + launch_problems(settings)
+    return sweep_problems(settings) + dashboard_problems(settings)
 
 
-def launch_problems(settings: DictConfig) -> list[ConfigError]:
+def dashboard_problems(settings: DictConfig) -> list[ConfigError]:
     """The ray_jobs launcher's own keys that cannot work: the address, sync_up."""
     problems: list[ConfigError] = []
     try:
@@ -404,9 +404,9 @@ def _home_and_clean(
     tmp: Path,
 ) -> Path | None:
     """Bring the pack home, note it, then remove the cluster's copies."""
-    returns = _bring_home(dashboard, where, settings, book, tmp)
+    returns = _bring_pack_home(dashboard, where, settings, book, tmp)
     _note_home(book, submission_id)
-    assert where is not None  # _bring_home raised otherwise
+    assert where is not None  # _bring_pack_home raised otherwise
     _clean_cluster(client, submission_id, where, settings)
     return returns
 
@@ -621,7 +621,7 @@ def dry_run(
     plan = Plan("ray_jobs")
     settings = config.hydra.launcher
     plan_sweep(plan, hydra_context, config, job_overrides, first)
-    plan.problems += [str(p) for p in launch_problems(settings)]
+    plan.problems += [str(p) for p in dashboard_problems(settings)]
     try:
         address = dashboard_address(settings)
     except ConfigError:
@@ -756,7 +756,7 @@ def _bundle_location(logs: str) -> dict[str, Any] | None:
     return None
 
 
-def _bring_home(
+def _bring_pack_home(
     dashboard: Dashboard,
     where: Mapping[str, Any] | None,
     settings: DictConfig,

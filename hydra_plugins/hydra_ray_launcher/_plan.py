@@ -503,7 +503,7 @@ def dry_run_cluster(
     from ._validate import (
         check_provider_access,
         cluster_config_for_ray,
-        launch_problems,
+        cluster_launch_problems,
         named_cluster,
         validate_cluster_config,
     )
@@ -511,7 +511,7 @@ def dry_run_cluster(
     plan = Plan(launcher)
     settings = config.hydra.launcher
     plan_sweep(plan, hydra_context, config, job_overrides, first)
-    plan.problems += [str(p) for p in launch_problems(settings)]
+    plan.problems += [str(p) for p in cluster_launch_problems(settings)]
     cluster = plan.check(
         lambda: named_cluster(
             cluster_config_for_ray(settings), settings, str(config.hydra.job.name)

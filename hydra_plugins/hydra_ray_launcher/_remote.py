@@ -101,7 +101,7 @@ def _run_on_cluster(
                 _run_head_driver(cluster, remote_tmp.path, spec.code_dir)
             finally:
                 # Whatever finished comes home, also when the driver failed or was stopped.
-                returns = _bring_home(
+                returns = _bring_home_from_head(
                     cluster,
                     remote_tmp,
                     settings.sync_down,
@@ -193,7 +193,7 @@ def _outputs_home(sync: DictConfig, sweep_dir: Path) -> Path | None:
     return Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
 
 
-def _bring_home(
+def _bring_home_from_head(
     cluster: Cluster,
     remote_tmp: RemoteTmp,
     sync: DictConfig,

@@ -414,12 +414,12 @@ def _schema_error_message(exc: Any) -> str:
 
 def check_launch_preconditions(launcher_cfg: DictConfig) -> None:
     """Refuse, before anything is created, a cluster launcher config that cannot
-    work (every problem of `sweep_problems` and `launch_problems`, in one
+    work (every problem of `sweep_problems` and `cluster_launch_problems`, in one
     error). Raises ConfigError."""
-    refuse(sweep_problems(launcher_cfg) + launch_problems(launcher_cfg))
+    refuse(sweep_problems(launcher_cfg) + cluster_launch_problems(launcher_cfg))
 
 
-def launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+def cluster_launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
     """What makes a cluster launcher config unworkable before any cluster exists:
     contradicting options, a missing sync_up source, missing rsync/ssh, logging
     or run_env values out of range."""

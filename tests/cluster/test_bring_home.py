@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from hydra_plugins.hydra_ray_launcher._cluster import Cluster, RemoteTmp
 from hydra_plugins.hydra_ray_launcher._config import RsyncConf
 from hydra_plugins.hydra_ray_launcher._errors import ClusterCommandError, OutputsNotHomeError
-from hydra_plugins.hydra_ray_launcher._remote import _bring_home
+from hydra_plugins.hydra_ray_launcher._remote import _bring_home_from_head
 
 HEAD_TMP = "/tmp/hydra-ray-abc"
 
@@ -44,7 +44,9 @@ class StandInCluster(Cluster):
 
 def _bring(cluster: StandInCluster, tmp_path: Path) -> RemoteTmp:
     remote = RemoteTmp(HEAD_TMP)
-    _bring_home(cluster, remote, OmegaConf.structured(RsyncConf), tmp_path / "sweep", tmp_path)
+    _bring_home_from_head(
+        cluster, remote, OmegaConf.structured(RsyncConf), tmp_path / "sweep", tmp_path
+    )
     return remote
 
 
@@ -66,7 +68,9 @@ def test_outputs_left_on_a_node_keep_the_cluster_with_the_commands_that_gather_t
     cluster = StandInCluster(tmp_path, [None, left])
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError, match=r"still on other nodes.*10\.0\.0\.3 \(1\)"):
-        _bring_home(cluster, remote, OmegaConf.structured(RsyncConf), tmp_path / "sweep", tmp_path)
+        _bring_home_from_head(
+            cluster, remote, OmegaConf.structured(RsyncConf), tmp_path / "sweep", tmp_path
+        )
     # No report (the driver did not finish): `gather` ran, and its report was read.
     assert sum("_head_driver gather" in c for c in cluster.commands) == 1
     assert remote.kept and cluster.leftovers is not None
@@ -84,7 +88,7 @@ def test_a_failed_transfer_of_the_outputs_keeps_them_after_the_records_came_home
     cluster = StandInCluster(tmp_path, [{"complete": True, "left": []}], failing=f"{sweep}/")
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError, match="the outputs did not come home"):
-        _bring_home(cluster, remote, OmegaConf.structured(RsyncConf), sweep, tmp_path)
+        _bring_home_from_head(cluster, remote, OmegaConf.structured(RsyncConf), sweep, tmp_path)
     assert cluster.downloads == [f"{sweep}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl"]
     assert remote.kept and cluster.leftovers is not None
     assert cluster.leftovers.commands == [f"ray rsync-down {cluster.config_file} {sweep}/ {sweep}/"]
