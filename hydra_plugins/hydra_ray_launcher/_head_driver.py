@@ -1,4 +1,6 @@
-"""The driver that runs on a cluster's head: connects to the cluster's Ray, runs
+"""The head-driver protocol (the job spec the launching machine builds and
+sends, with this plugin staged beside it; the files and commands both sides
+share) and the driver that runs on a cluster's head: connects to the cluster's Ray, runs
 the sweep with the same engine as the local launcher, gathers every job's
 outputs from the node that wrote them onto the head, and writes the job returns.
 

@@ -1,4 +1,6 @@
-"""The body of one sweep job, run in a Ray worker process.
+"""The sweep's data types (Job, Policy, JobStarted, JobOutcome, the SweepState
+every job shares and its ShippedState in Ray's object store), and the body of
+one sweep job, run in a Ray worker process.
 
 Ray's worker imports it by reference when it unpickles the task, in every
 worker process that runs a job: it imports nothing heavy at module level (no Ray).

@@ -1,7 +1,8 @@
 """One batch of a sweep, around whichever way its jobs run (local engine or the
 driver on a cluster's head): decide which jobs run (resume), list them, run
 them, then write sweep_summary.json and show the summary table, also when the
-run is interrupted. Runs on the user's machine for every launcher."""
+run is interrupted. Runs on the user's machine for every launcher. Also the
+Session: what a launch path keeps across the sweeper's batches."""
 
 import logging
 import shlex
