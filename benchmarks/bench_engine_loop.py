@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from hydra_plugins.hydra_ray_launcher._engine import IN_FLIGHT_MIN
+from hydra_ray.engine.run import IN_FLIGHT_MIN
 
 SIZES = tuple(sorted({100, IN_FLIGHT_MIN, 1_000, 10_000}))
 TURNS = 30

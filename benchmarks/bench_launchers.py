@@ -200,10 +200,9 @@ def job_spec_sizes(jobs: int, sample: int = 200) -> tuple[int, int]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import HydraContext, RunMode
 
-    from hydra_plugins.hydra_ray_launcher._head_driver import JobSpec
-    from hydra_plugins.hydra_ray_launcher._jobs import (
-        Job,
-        Policy,
+    from hydra_ray.core.jobs import Job, Policy
+    from hydra_ray.driver.protocol import JobSpec
+    from hydra_ray.engine.worker import (
         capture_sweep_state,
         compose_each,
         composed_here,
@@ -244,13 +243,21 @@ def job_spec_sizes(jobs: int, sample: int = 200) -> tuple[int, int]:
 
 
 def plugin_at(rev: str, scratch: Path) -> Path:
-    """A dir with this repository's hydra_plugins as of commit `rev`: first on
-    PYTHONPATH, its hydra_ray_launcher is the one Hydra (and Ray's workers) import."""
+    """A dir with this repository's packages as of commit `rev` (hydra_plugins, and
+    hydra_ray where it has one): first on PYTHONPATH, they are the ones Hydra (and
+    Ray's workers) import."""
     root = scratch / f"at-{rev}"
     root.mkdir()
     repo = Path(__file__).resolve().parent.parent
+    tree = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "--name-only", rev],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    packages = [p for p in ("hydra_plugins", "hydra_ray") if p in tree]
     archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", rev, "hydra_plugins"], check=True, capture_output=True
+        ["git", "-C", str(repo), "archive", rev, *packages], check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
     return root

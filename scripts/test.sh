@@ -16,7 +16,7 @@ fi
 EXTRAS="[test]" source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 cd "$ROOT"
 "$VENV/bin/ruff" check .
-"$VENV/bin/mypy" hydra_plugins tests
+"$VENV/bin/mypy" hydra_plugins hydra_ray tests
 set +e
 "$VENV/bin/python" -m pytest "$@"
 status=$?

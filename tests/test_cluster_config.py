@@ -20,13 +20,13 @@ from hydra_plugins.hydra_ray_launcher._config import (
     RayClusterLauncherConf,
     python_version,
 )
-from hydra_plugins.hydra_ray_launcher._errors import ConfigError
-from hydra_plugins.hydra_ray_launcher._validate import (
+from hydra_ray.checks.validate import (
     check_launch_preconditions,
     cluster_config_for_ray,
     named_cluster,
     validate_cluster_config,
 )
+from hydra_ray.core.errors import ConfigError
 
 from .conftest import APPS
 
@@ -618,7 +618,7 @@ def test_ray_prints_the_long_sweep_keys_with_their_defaults(tmp_path: Path) -> N
 
 def test_the_plugin_ships_with_the_rich_that_draws_the_heads_display(tmp_path: Path) -> None:
     """The cluster's pip packages need not include rich: it travels with the plugin."""
-    from hydra_plugins.hydra_ray_launcher import _remote
+    from hydra_ray.launch import cluster as _remote
 
     sent: list[tuple[str, str]] = []
 
@@ -629,7 +629,8 @@ def test_the_plugin_ships_with_the_rich_that_draws_the_heads_display(tmp_path: P
     _remote._ship_plugin(FakeCluster(), "/tmp/hydra-ray-x", tmp_path)  # type: ignore[arg-type]
     assert sent == [(f"{tmp_path / 'plugin'}/", "/tmp/hydra-ray-x/plugin/")]
     staged = tmp_path / "plugin"
-    assert (staged / "hydra_plugins" / "hydra_ray_launcher" / "_head_driver.py").is_file()
+    assert (staged / "hydra_plugins" / "hydra_ray_launcher" / "ray_aws_launcher.py").is_file()
+    assert (staged / "hydra_ray" / "driver" / "head.py").is_file()
     assert (staged / "rich" / "live.py").is_file()
     assert not list(staged.rglob("__pycache__"))
 

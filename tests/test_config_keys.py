@@ -21,7 +21,7 @@ from hydra_plugins.hydra_ray_launcher._config import (
     RayJobsLauncherConf,
     RayLauncherConf,
 )
-from hydra_plugins.hydra_ray_launcher._validate import (
+from hydra_ray.checks.validate import (
     _LEGACY_CLUSTER_KEYS,
     cluster_config_for_ray,
     plain_dict,

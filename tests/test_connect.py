@@ -233,7 +233,7 @@ def test_which_ray_client_failures_at_start_are_tried_again(
     connection errors are the user's to see at once."""
     import ray
 
-    from hydra_plugins.hydra_ray_launcher import _local
+    from hydra_ray.launch import local as _local
 
     calls: list[dict[str, str]] = []
 
@@ -262,6 +262,61 @@ def _client_server_logs(temp_dir: Path) -> str:
     """The head's Ray Client server logs: what a failure of the test above needs."""
     logs = sorted(temp_dir.glob("session_latest/logs/ray_client_server*"))
     return "".join(f"\n== {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in logs)
+
+
+# On the head: this checkout (where the plugin is installed from) is off every
+# process's sys.path, as on a cluster that lacks the plugin; each worker notes
+# where it would import hydra_ray from ("-": nowhere).
+_PLUGIN_NOT_INSTALLED = """
+import importlib.util, os, sys
+checkout = os.environ["HIDDEN_CHECKOUT"]
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != checkout]
+if any(a.endswith("default_worker.py") for a in sys.argv):
+    spec = importlib.util.find_spec("hydra_ray")
+    notes = os.environ["WORKER_NOTES"]
+    with open(os.path.join(notes, str(os.getpid())), "w") as f:
+        f.write(spec.origin if spec and spec.origin else "-")
+"""
+
+
+def test_ray_client_ships_the_plugin_to_a_cluster_that_lacks_it(tmp_path: Path) -> None:
+    """Through Ray Client the jobs run this machine's plugin (both packages, in
+    the runtime_env's py_modules), on a cluster where it is not installed."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(_PLUGIN_NOT_INSTALLED)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    checkout = os.path.realpath(Path(__file__).parent.parent)
+    head_env = _env(
+        _home(tmp_path, "head", None),
+        PYTHONPATH=os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")]),
+        HIDDEN_CHECKOUT=checkout,
+        WORKER_NOTES=str(notes),
+    )
+    client_port = free_port()
+    head_temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths
+    try:
+        with ray_head(head_env, client_port=client_port, temp_dir=head_temp):
+            res = run_app(
+                "app.py",
+                "x=1,2",
+                f"hydra.launcher.ray.init.address=ray://127.0.0.1:{client_port}",
+                f"hydra.sweep.dir={tmp_path / 's'}",
+                cwd=tmp_path,
+                env=_env(_home(tmp_path, "user", None)),
+                unset=FRESH_SHELL,
+            )
+        head_logs = _client_server_logs(Path(head_temp))
+    finally:
+        shutil.rmtree(head_temp, ignore_errors=True)
+    assert res.returncode == 0, res.output + head_logs
+    assert "2 jobs done" in res.output
+    assert (tmp_path / "s" / "1" / "done_1.json").is_file()
+    found = {note.read_text() for note in notes.iterdir()}
+    # The workers that ran the jobs found the shipped copy; none found this checkout.
+    assert any("runtime_resources" in where for where in found), found
+    assert not any(where.startswith(checkout) for where in found), found
 
 
 def test_a_ray_started_here_with_ray_start_is_found_with_nothing_set(tmp_path: Path) -> None:

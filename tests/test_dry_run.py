@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hydra_plugins.hydra_ray_launcher._plan import ec2_dry_run_refusal
+from hydra_ray.launch.plan import ec2_dry_run_refusal
 
 from .cluster_harness.moto import MotoServer, moto_server
 from .conftest import APPS, AppRun, processes_in_session, run_app

@@ -14,9 +14,9 @@ from hydra.core.utils import JobStatus
 from hydra.test_utils.test_utils import TSweepRunner
 from omegaconf import DictConfig
 
-from hydra_plugins.hydra_ray_launcher._held import HeldJobReturn
-from hydra_plugins.hydra_ray_launcher._report import SweepProgress
-from hydra_plugins.hydra_ray_launcher._validate import ray_init_kwargs
+from hydra_ray.checks.validate import ray_init_kwargs
+from hydra_ray.core.held import HeldJobReturn
+from hydra_ray.engine.report import SweepProgress
 
 from .conftest import run_app
 
@@ -80,7 +80,7 @@ def test_a_big_sweep_keeps_a_bounded_number_of_jobs_in_flight_and_loses_none(
     jobs, four of them retried, all end, in order."""
     import ray
 
-    from hydra_plugins.hydra_ray_launcher import _engine
+    from hydra_ray.engine import run as _engine
 
     monkeypatch.setattr(_engine, "IN_FLIGHT_MIN", 5)
     waited_on: list[int] = []
@@ -242,7 +242,7 @@ def test_another_plugins_classes_travel_by_value_to_a_python_without_it(tmp_path
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "from omegaconf import OmegaConf\n"
         "from hydra_plugins.elsewhere_sweeper.config import SweeperConf\n"
-        "from hydra_plugins.hydra_ray_launcher._jobs import dumps_for_cluster\n"
+        "from hydra_ray.engine.worker import dumps_for_cluster\n"
         "cfg = OmegaConf.create({'hydra': {'sweeper': OmegaConf.structured(SweeperConf)}})\n"
         "sys.stdout.buffer.write(dumps_for_cluster(cfg))\n"
     )

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from hydra_plugins.hydra_ray_launcher._errors import PartCorrupted
-from hydra_plugins.hydra_ray_launcher._gather import (
+from hydra_ray.core.errors import PartCorrupted
+from hydra_ray.core.jobs import JobStarted
+from hydra_ray.engine.gather import (
     CHUNK_BYTES,
     JobDirs,
     _bring,
@@ -25,7 +26,6 @@ from hydra_plugins.hydra_ray_launcher._gather import (
     extract,
     fetch_to,
 )
-from hydra_plugins.hydra_ray_launcher._jobs import JobStarted
 
 NO_MARKER = "/nonexistent/.hydra-ray-node-x"
 
@@ -203,7 +203,7 @@ def test_a_recorded_attempt_on_the_driver_s_node_is_never_overwritten(tmp_path: 
 def test_job_dirs_know_which_node_holds_each_job_s_recorded_attempt() -> None:
     from hydra.core.utils import JobReturn
 
-    from hydra_plugins.hydra_ray_launcher._jobs import JobOutcome
+    from hydra_ray.core.jobs import JobOutcome
 
     dirs = JobDirs()
     for node in ("a", "b"):

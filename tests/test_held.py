@@ -10,8 +10,8 @@ import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._held import HeldJobReturn, hold, output_dir
-from hydra_plugins.hydra_ray_launcher._redact import HIDDEN
+from hydra_ray.core.held import HeldJobReturn, hold, output_dir
+from hydra_ray.core.redact import HIDDEN
 
 
 def _job_return(n: int) -> JobReturn:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hydra_plugins.hydra_ray_launcher._procs import descendants, kill_new_descendants
+from hydra_ray.infra.procs import descendants, kill_new_descendants
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

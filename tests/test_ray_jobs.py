@@ -29,8 +29,8 @@ from hydra.test_utils.launcher_common_tests import (
 )
 from omegaconf import OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._records import read_record
-from hydra_plugins.hydra_ray_launcher._sweep import SweepBook, SweepSettings
+from hydra_ray.core.records import read_record
+from hydra_ray.launch.sweep import SweepBook, SweepSettings
 
 from .cluster_harness.moto import MotoServer, moto_server
 from .conftest import APPS, AppRun, free_port, ray_head, run_app
@@ -746,9 +746,9 @@ def test_a_storage_this_machine_cannot_reach_is_refused_before_submitting(
 def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
     tmp_path: Path,
 ) -> None:
-    from hydra_plugins.hydra_ray_launcher import _jobs_api
-    from hydra_plugins.hydra_ray_launcher._errors import OutputsNotHomeError
-    from hydra_plugins.hydra_ray_launcher._head_driver import BUNDLE_MARK
+    from hydra_ray.core.errors import OutputsNotHomeError
+    from hydra_ray.driver.protocol import BUNDLE_MARK
+    from hydra_ray.launch import jobs_api as _jobs_api
 
     shared = tmp_path / "shared"
     shared.mkdir()

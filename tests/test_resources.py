@@ -11,7 +11,7 @@ import pytest
 from hydra.test_utils.test_utils import TSweepRunner
 from omegaconf import DictConfig
 
-from hydra_plugins.hydra_ray_launcher._errors import JobError
+from hydra_ray.core.errors import JobError
 
 from .conftest import SMALL_RAY, AppRun, run_app
 from .test_engine import _sweep as sweep_in_process
@@ -130,7 +130,7 @@ def test_a_job_resolved_as_it_is_submitted_fails_alone_when_its_value_does_not_r
 ) -> None:
     """Past the time the launcher resolves jobs ahead (none here), a job whose
     value does not resolve fails with the same words; the others run."""
-    from hydra_plugins.hydra_ray_launcher import _resources
+    from hydra_ray.checks import resources as _resources
 
     monkeypatch.setattr(_resources, "AHEAD_S", 0.0)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.hydra_ray_launcher._scratch import remove_stale, scratch_dir
+from hydra_ray.infra.scratch import remove_stale, scratch_dir
 
 
 @pytest.fixture

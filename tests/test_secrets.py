@@ -6,12 +6,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._redact import (
-    HIDDEN,
-    redacted,
-    redacted_hydra_config,
-    redacted_override,
-)
+from hydra_ray.core.redact import HIDDEN, redacted, redacted_hydra_config, redacted_override
 
 from .conftest import run_app
 

@@ -18,8 +18,9 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._jobs import Job, composed_here
-from hydra_plugins.hydra_ray_launcher._snapshot import portable_context, why_not_portable
+from hydra_ray.core.jobs import Job
+from hydra_ray.engine.snapshot import portable_context, why_not_portable
+from hydra_ray.engine.worker import composed_here
 
 FILES = {
     "config.yaml": "defaults:\n  - db: mysql\n  - model/encoder: small\n  - _self_\n"

@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +18,10 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from hydra_plugins.hydra_ray_launcher import _records
-from hydra_plugins.hydra_ray_launcher._errors import ConfigError
-from hydra_plugins.hydra_ray_launcher._jobs import (
-    FAILED,
-    INTERRUPTED,
-    SUCCEEDED,
-    TIMED_OUT,
-    Job,
-    JobOutcome,
-    Policy,
-)
-from hydra_plugins.hydra_ray_launcher._records import (
+from hydra_ray.core import records as _records
+from hydra_ray.core.errors import ConfigError
+from hydra_ray.core.jobs import FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, Job, JobOutcome, Policy
+from hydra_ray.core.records import (
     RECORD_DIR,
     SUMMARY_FILE,
     read_record,
@@ -38,13 +30,21 @@ from hydra_plugins.hydra_ray_launcher._records import (
     write_record,
     write_summary,
 )
-from hydra_plugins.hydra_ray_launcher._report import MAX_TABLE_ROWS, summary_table
-from hydra_plugins.hydra_ray_launcher._sweep import (
-    SweepBook,
-    SweepSettings,
-    run_batch,
-    sweep_settings,
-)
+from hydra_ray.engine.report import MAX_TABLE_ROWS, summary_table
+from hydra_ray.launch.sweep import SweepBook, SweepSettings, batch, sweep_settings
+
+
+def run_batch(
+    book: SweepBook,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    run: Callable[[list[Job], int], list[JobOutcome]],
+) -> list[JobReturn]:
+    """A launch's batch, as the skeleton runs it, with `run` for the launch path."""
+    with batch(book, job_overrides, initial_job_idx) as current:
+        if current.to_run:
+            current.outcomes = run(current.to_run, current.already_done)
+    return current.returns
 
 
 def settings(**keys: Any) -> SweepSettings:

@@ -4,7 +4,7 @@ two local directories."""
 import subprocess
 from pathlib import Path
 
-from hydra_plugins.hydra_ray_launcher._sync import rsync_command
+from hydra_ray.infra.sync import rsync_command
 
 
 def _tree(root: Path, *files: str) -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import cloudpickle
 
-from hydra_plugins.hydra_ray_launcher._jobs import _portable_error
-from hydra_plugins.hydra_ray_launcher._tracebacks import unpack
+from hydra_ray.core.tracebacks import unpack
+from hydra_ray.engine.worker import _portable_error
 
 
 class _Unpicklable(Exception):

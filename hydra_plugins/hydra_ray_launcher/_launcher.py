@@ -1,5 +1,5 @@
 """What the three launchers share: Hydra's `setup()`, which makes the session a
-launch path works with (see `_session`). Each launcher module adds its
+launch path works with (`hydra_ray.launch.sweep.Session`). Each launcher module adds its
 `launch()`, which imports its launch path lazily: Hydra imports the launcher
 modules at every start of every app, and in every Ray worker, and they import
 nothing of the implementation at module level."""
@@ -11,7 +11,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 if TYPE_CHECKING:
-    from ._sweep import Session
+    from hydra_ray.launch.sweep import Session
 
 
 class RayLauncherBase(Launcher):
@@ -24,7 +24,7 @@ class RayLauncherBase(Launcher):
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
-        from ._sweep import Session
+        from hydra_ray.launch.sweep import Session
 
         if self.session is None:
             self.session = Session(hydra_context, task_function, config)

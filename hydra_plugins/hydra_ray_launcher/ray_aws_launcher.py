@@ -25,11 +25,11 @@ class RayAWSLauncher(RayLauncherBase):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from . import _launch
-        from ._remote import OnCluster
+        from hydra_ray.launch import skeleton
+        from hydra_ray.launch.cluster import OnCluster
 
         try:
-            return _launch.launch(OnCluster(), self.ready(), job_overrides, initial_job_idx)
+            return skeleton.launch(OnCluster(), self.ready(), job_overrides, initial_job_idx)
         except BaseException:
             self.close()
             raise

@@ -12,7 +12,7 @@ class RayJobsLauncher(RayLauncherBase):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from . import _launch
-        from ._jobs_api import ThroughDashboard
+        from hydra_ray.launch import skeleton
+        from hydra_ray.launch.jobs_api import ThroughDashboard
 
-        return _launch.launch(ThroughDashboard(), self.ready(), job_overrides, initial_job_idx)
+        return skeleton.launch(ThroughDashboard(), self.ready(), job_overrides, initial_job_idx)

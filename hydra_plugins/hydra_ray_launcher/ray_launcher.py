@@ -12,7 +12,7 @@ class RayLauncher(RayLauncherBase):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from . import _launch
-        from ._local import Local
+        from hydra_ray.launch import skeleton
+        from hydra_ray.launch.local import Local
 
-        return _launch.launch(Local(), self.ready(), job_overrides, initial_job_idx)
+        return skeleton.launch(Local(), self.ready(), job_overrides, initial_job_idx)

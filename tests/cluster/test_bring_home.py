@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._cluster import Cluster, RemoteTmp
 from hydra_plugins.hydra_ray_launcher._config import RsyncConf
-from hydra_plugins.hydra_ray_launcher._errors import ClusterCommandError, OutputsNotHomeError
-from hydra_plugins.hydra_ray_launcher._remote import _bring_home_from_head
+from hydra_ray.core.errors import ClusterCommandError, OutputsNotHomeError
+from hydra_ray.infra.autoscaler import Cluster, RemoteTmp
+from hydra_ray.launch.cluster import _bring_home_from_head
 
 HEAD_TMP = "/tmp/hydra-ray-abc"
 
@@ -58,7 +58,7 @@ def test_a_complete_gather_report_lets_everything_come_home_and_the_cluster_go(
     sweep = tmp_path / "sweep"
     assert cluster.downloads == [f"{sweep}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl", f"{sweep}/"]
     assert cluster.leftovers is None and not remote.kept
-    assert not any("_head_driver gather" in c for c in cluster.commands)
+    assert not any("hydra_ray.driver.head gather" in c for c in cluster.commands)
 
 
 def test_outputs_left_on_a_node_keep_the_cluster_with_the_commands_that_gather_them(
@@ -72,12 +72,12 @@ def test_outputs_left_on_a_node_keep_the_cluster_with_the_commands_that_gather_t
             cluster, remote, OmegaConf.structured(RsyncConf), tmp_path / "sweep", tmp_path
         )
     # No report (the driver did not finish): `gather` ran, and its report was read.
-    assert sum("_head_driver gather" in c for c in cluster.commands) == 1
+    assert sum("hydra_ray.driver.head gather" in c for c in cluster.commands) == 1
     assert remote.kept and cluster.leftovers is not None
     # What is on the head still came home; the commands gather the rest, then bring it.
     assert len(cluster.downloads) == 3
     first, second = cluster.leftovers.commands
-    assert first.startswith("ray exec ") and "_head_driver gather" in first
+    assert first.startswith("ray exec ") and "hydra_ray.driver.head gather" in first
     assert second.startswith("ray rsync-down ")
 
 

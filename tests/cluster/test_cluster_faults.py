@@ -125,7 +125,7 @@ def _finished_jobs_came_home(fake_hosts: FakeHosts, run: RunningApp) -> None:
 def test_killed_remote_driver_fails_the_sweep_and_tears_down(
     fake_hosts: FakeHosts, sleepy_sweep: RunningApp
 ) -> None:
-    killed = fake_hosts.run_on_host("head", ["pkill", "-KILL", "-f", "_head_driver"])
+    killed = fake_hosts.run_on_host("head", ["pkill", "-KILL", "-f", "hydra_ray.driver.head"])
     assert killed.returncode == 0
     assert sleepy_sweep.wait() != 0
     assert "The driver on the cluster's head failed" in sleepy_sweep.output

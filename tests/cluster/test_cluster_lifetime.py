@@ -11,9 +11,9 @@ import click
 import pytest
 from hydra.experimental.callback import Callback
 
-from hydra_plugins.hydra_ray_launcher._cluster import Cluster
-from hydra_plugins.hydra_ray_launcher._errors import ClusterCommandError
 from hydra_plugins.hydra_ray_launcher.ray_aws_launcher import RayAWSLauncher, _CloseAtMultirunEnd
+from hydra_ray.core.errors import ClusterCommandError
+from hydra_ray.infra.autoscaler import Cluster
 
 DOCKER = {"image": "rayproject/ray:latest", "container_name": "ray_container"}
 

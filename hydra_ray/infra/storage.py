@@ -6,8 +6,8 @@ storage_path; it is imported only when a storage is given."""
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError
-from ._redact import redacted
+from hydra_ray.core.errors import ConfigError
+from hydra_ray.core.redact import redacted
 
 KEY = "hydra.launcher.sync_down.storage"
 _CHUNK = 1 << 22
@@ -73,7 +73,8 @@ def check_reachable(uri: str) -> None:
 
 
 def put(uri: str, local: Path, name: str) -> str:
-    """Copy `local` to `name` under `uri`, checked by its size; its path there."""
+    """Copy `local` to `name` under `uri`, checked by its size; its path there.
+    Raises OSError (pyarrow's too) when the copy fails or comes out short."""
     filesystem, base = _filesystem(uri)
     if filesystem.type_name == "local":
         filesystem.create_dir(base, recursive=True)

@@ -1,6 +1,6 @@
-"""The sweep's data types (Job, Policy, JobStarted, JobOutcome, the SweepState
-every job shares and its ShippedState in Ray's object store), and the body of
-one sweep job, run in a Ray worker process.
+"""The body of one sweep job, run in a Ray worker process; the SweepState
+captured on the launching side, shipped once to Ray's object store
+(`ShippedState`) and restored once per worker process.
 
 Ray's worker imports it by reference when it unpickles the task, in every
 worker process that runs a job: it imports nothing heavy at module level (no Ray).
@@ -14,7 +14,7 @@ import traceback
 import types
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
@@ -24,10 +24,19 @@ from hydra.core.utils import JobReturn, JobStatus, run_job
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ._errors import JobError
-from ._held import hold
-from ._snapshot import portable_context, why_not_portable
-from ._tracebacks import drop_chain, pack, unpack
+from hydra_ray import FACE
+from hydra_ray.core.errors import JobError
+from hydra_ray.core.held import hold
+from hydra_ray.core.jobs import (
+    FAILED,
+    SUCCEEDED,
+    Job,
+    JobOutcome,
+    JobStarted,
+    SweepState,
+)
+from hydra_ray.core.tracebacks import drop_chain, pack
+from hydra_ray.engine.snapshot import portable_context, why_not_portable
 
 log = logging.getLogger(__name__)
 
@@ -57,49 +66,6 @@ def ship_state(state: "SweepState") -> ShippedState:
         ref=ray.put(dumps_for_cluster(state)),
         ray_job_id=ray.get_runtime_context().get_job_id(),
     )
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job of a sweep: its number and its overrides."""
-
-    idx: int
-    overrides: list[str]
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How the engine treats failing and slow jobs (hydra.launcher.retries and
-    hydra.launcher.job_timeout_s)."""
-
-    # Runs a job again this many times at most when its task function raises.
-    retries: int = 0
-    # Cancels an attempt that has run longer than this; None: no limit.
-    job_timeout_s: float | None = None
-    # At most this many attempts in flight; None: as many as in_flight_limit().
-    max_concurrent_jobs: int | None = None
-    # An attempt past its timeout is first stopped catchably (KeyboardInterrupt in
-    # the job, Ray's own cancel), then cancelled by force this long after.
-    stop_grace_s: float = 10.0
-    # A timed-out job runs again, within `retries`, like one that raised.
-    retry_timed_out: bool = False
-
-
-@dataclass(frozen=True)
-class SweepState:
-    """What every job of a sweep shares. Shipped to the cluster once and
-    unpickled once per worker process, not once per job."""
-
-    hydra_context: HydraContext
-    task_function: TaskFunction
-    config: DictConfig
-    singleton_state: dict[str, Any]
-    # The launching process's working dir: relative sweep dirs resolve against it.
-    cwd: str
-    # The file of each function reachable from the task function, by (module,
-    # qualname): cloudpickle ships some by value (the app's script's, local ones),
-    # naming their code "<dynamic-code>", and the jobs' tracebacks need the name.
-    code_files: dict[tuple[str, str], str]
 
 
 def capture_sweep_state(
@@ -151,7 +117,7 @@ def dumps_for_cluster(obj: Any) -> bytes:
     composed configs and fill the ConfigStore) travel by value, not by name. The
     sweeper runs here; the jobs only carry its config. If a plugin's objects
     cannot be pickled by value, by name it is (the cluster then needs it)."""
-    ours = __name__.rsplit(".", 1)[0]
+    ours = FACE  # by name: shipped with the job spec, or installed
     foreign = [
         module
         for name, module in list(sys.modules.items())
@@ -169,79 +135,6 @@ def dumps_for_cluster(obj: Any) -> bytes:
             cloudpickle.unregister_pickle_by_value(module)
     blob = cloudpickle.dumps(obj)
     return blob
-
-
-@dataclass(frozen=True)
-class JobStarted:
-    """The first thing a job's task yields: the driver learns the job is running,
-    where, and in which dir it writes (also a job that times out or crashes
-    later wrote there: the gather fetches that dir from that node)."""
-
-    idx: int
-    attempt: int
-    node: str
-    pid: int
-    # The Ray node id of `node`.
-    node_id: str = ""
-    # The job's output dir, absolute on that node; None if its config could not
-    # be composed (the job wrote nothing).
-    job_dir: str | None = None
-
-
-# What a job ended as, in the summary and in sweep_summary.json.
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-TIMED_OUT = "timed out"
-INTERRUPTED = "interrupted"
-
-
-@dataclass
-class JobOutcome:
-    """A job's `JobReturn` and where, when and how it ran."""
-
-    idx: int
-    job_return: JobReturn
-    started: float
-    ended: float
-    node: str
-    pid: int = field(default_factory=os.getpid)
-    # The Ray node id of `node`, and the job's output dir there (None: unknown).
-    node_id: str = ""
-    job_dir: str | None = None
-    # 1 for the first run of the job, 2 for its first retry, ...
-    attempt: int = 1
-    # The failure came from the task function (a retry may succeed), not from
-    # composing the config or from the job's process dying.
-    task_raised: bool = False
-    # Runs Ray made after the job's process or node died (hydra.launcher.ray.remote
-    # .max_retries), at least this many: Ray does not say how often.
-    ray_reruns: int = 0
-    # SUCCEEDED, FAILED, TIMED_OUT or INTERRUPTED.
-    status: str = SUCCEEDED
-    # Taken from the record of an earlier run of the sweep (resume), not run now.
-    resumed: bool = False
-    # What the job asked Ray for ({"CPU": 2, "GPU": 1}), where hydra.launcher.ray
-    # .remote differs per job; None where every job asks for the same.
-    resources: dict[str, float] | None = None
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # Unpickled (from a worker, the head's returns, a record): the job's
-        # exception gets its traceback and causes back (see _tracebacks.py).
-        self.__dict__.update(state)
-        self.job_return._return_value = unpack(getattr(self.job_return, "_return_value", None))
-
-    @property
-    def duration(self) -> float:
-        return self.ended - self.started
-
-    @property
-    def error(self) -> str | None:
-        """One line on why the job failed; None if it succeeded."""
-        if self.job_return.status == JobStatus.COMPLETED:
-            return None
-        err = self.job_return._return_value
-        lines = str(err).strip().splitlines()
-        return f"{type(err).__name__}: {lines[0] if lines else ''}".strip()
 
 
 # The SweepState this worker process unpickled last, by key.
@@ -482,7 +375,7 @@ def _portable_error(exc: BaseException, idx: int, node: str) -> BaseException:
     """The job's exception, made to cross process boundaries with its traceback.
 
     The traceback object does not pickle: its frames and the exception's causes
-    are packed for the other side (_tracebacks.py), its text goes into the
+    are packed for the other side (`core.tracebacks`), its text goes into the
     exception's notes (printed by Python 3.11+) and into the job's log file.
     """
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -3,7 +3,7 @@
 and on exit tears it down (or keeps it, when outputs are still on it), and
 `remote_temp_dir` makes the launch's private dir on the head and removes it.
 
-Ray is imported inside functions: Hydra imports this package at every start.
+Ray is imported inside functions, where it is needed.
 """
 
 import logging
@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig
 
-from ._errors import ClusterCommandError
+from hydra_ray.core.errors import ClusterCommandError
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,8 @@ class RemoteTmp:
 @contextmanager
 def remote_temp_dir(cluster: Cluster) -> Iterator[RemoteTmp]:
     """A temp dir on the head, private to the user (mktemp makes it mode 700),
-    removed on exit unless kept (it then holds outputs that are not home)."""
+    removed on exit unless kept (it then holds outputs that are not home).
+    Raises ClusterCommandError if the head gives no dir."""
     out = cluster.run(
         f'd=$(mktemp -d /tmp/hydra-ray-XXXXXXXX) && echo "{_TMP_MARK}$d"', with_output=True
     )

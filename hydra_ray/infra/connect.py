@@ -7,7 +7,7 @@ The token is found as Ray's own CLI finds it (`RAY_AUTH_TOKEN`,
 `RAY_AUTH_TOKEN_PATH`, `~/.ray/auth_token`): with `RAY_AUTH_MODE` unset, a
 cluster that asks for a token gets this machine's.
 
-Ray is imported inside functions: Hydra imports this package at every start.
+Ray is imported inside functions, where it is needed.
 """
 
 import contextlib
@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ._errors import ConfigError
+from hydra_ray.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

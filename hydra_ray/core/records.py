@@ -33,10 +33,10 @@ from typing import Any, TypeGuard
 import cloudpickle
 from omegaconf import open_dict, read_write
 
-from ._errors import UnreadableRecord
-from ._held import HeldJobReturn, hold, output_dir
-from ._jobs import INTERRUPTED, SUCCEEDED, JobOutcome
-from ._redact import redacted_hydra_config
+from hydra_ray.core.errors import UnreadableRecord
+from hydra_ray.core.held import HeldJobReturn, hold, output_dir
+from hydra_ray.core.jobs import INTERRUPTED, SUCCEEDED, JobOutcome
+from hydra_ray.core.redact import redacted_hydra_config
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ No step is retried by Ray (a retry must never stand for data it did not bring).
 A node whose part fails at any step keeps its files and is named, with its
 paths, in what `gather_outputs` returns; the other nodes go on.
 
-Ray is imported inside functions: Hydra imports this package at every start.
+Ray is imported inside functions, where it is needed.
 """
 
 import contextlib
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ._digest import file_digest
-from ._errors import PartCorrupted
-from ._jobs import JobOutcome, JobStarted
+from hydra_ray.core.digest import file_digest
+from hydra_ray.core.errors import PartCorrupted
+from hydra_ray.core.jobs import JobOutcome, JobStarted
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def _bring(
 
 def fetch_to(out: BinaryIO, node_id: str, packed: _Packed) -> None:
     """Write the node's tar file to `out` chunk by chunk, and check that what
-    came is what was packed."""
+    came is what was packed: raises PartCorrupted if it is not (size or sha256)."""
     import ray
 
     assert packed.tar is not None

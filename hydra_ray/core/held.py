@@ -14,7 +14,7 @@ import cloudpickle
 from hydra.core.utils import JobReturn
 from omegaconf import DictConfig, OmegaConf
 
-from ._redact import redacted_hydra_config
+from hydra_ray.core.redact import redacted_hydra_config
 
 
 class _Pickled(bytes):

@@ -1,7 +1,7 @@
 """Checks of the user's launcher config that run before anything is started, and
 the cluster config Ray's cluster launcher gets from it.
 
-Ray is imported inside functions only: Hydra imports this package at every start."""
+Ray is imported inside functions only, where it is needed."""
 
 import copy
 import importlib
@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._errors import ConfigError
+from hydra_ray.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def sweep_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
     except ConfigError as exc:
         problems.append(exc)
     except OmegaConfBaseException:
-        pass  # it interpolates into each job's own config: checked per job (_resources)
+        pass  # it interpolates into each job's own config: checked per job (checks.resources)
     return problems
 
 
@@ -150,7 +150,8 @@ def source_dir_problems(source_dir: Any) -> list[ConfigError]:
 
 
 def refuse(problems: list[ConfigError]) -> None:
-    """All the problems in one error, so that one run shows every fix to make."""
+    """All the problems in one error, so that one run shows every fix to make.
+    Raises ConfigError if there is any."""
     if problems:
         raise ConfigError("\n".join(str(p) for p in problems))
 
@@ -319,7 +320,7 @@ def _pip_commands(pip_packages: Mapping[str, Any]) -> list[str]:
         dist = name.replace("_", "-")
         if dist == "hydra-ray-launcher" and ".dev" in str(version):
             # An unreleased plugin is not on PyPI; every launch ships the plugin's
-            # own source to the cluster anyway (see _remote.py).
+            # own source to the cluster anyway (see `launch.cluster`).
             continue
         if dist == "ray":
             # The nodes run Ray's dashboard and runtime-env agent: ray[default].

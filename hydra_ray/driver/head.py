@@ -1,21 +1,20 @@
-"""The head-driver protocol (the job spec the launching machine builds and
-sends, with this plugin staged beside it; the files and commands both sides
-share) and the driver that runs on a cluster's head: connects to the cluster's Ray, runs
+"""The driver that runs on a cluster's head (the protocol it shares with the
+launcher is `hydra_ray.driver.protocol`): connects to the cluster's Ray, runs
 the sweep with the same engine as the local launcher, gathers every job's
 outputs from the node that wrote them onto the head, and writes the job returns.
 
-    python -m hydra_plugins.hydra_ray_launcher._head_driver JOB_SPEC RETURNS
+    python -m hydra_ray.driver.head JOB_SPEC RETURNS
 
 Submitted through the Jobs API (`ray_jobs`), in the Ray job's working dir:
 
-    python -m hydra_plugins.hydra_ray_launcher._head_driver jobs JOB_SPEC BUNDLE_PLAN
+    python -m hydra_ray.driver.head jobs JOB_SPEC BUNDLE_PLAN
 
 runs the same, then packs the returns, the records and the outputs into one file
 in the head's Ray log dir, which the launcher fetches through the dashboard.
 
 When that driver did not finish (Ctrl-C, killed, failed), the launcher runs
 
-    python -m hydra_plugins.hydra_ray_launcher._head_driver gather SWEEP_DIR
+    python -m hydra_ray.driver.head gather SWEEP_DIR
 
 which stops it if it still runs, then gathers what the finished jobs wrote on
 other nodes, so that sync_down brings it home before the cluster goes.
@@ -25,140 +24,47 @@ import dataclasses
 import json
 import logging
 import os
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
-from omegaconf import DictConfig
 
-from ._digest import file_digest
-from ._gather import JobDirs, LeftOnNode, gather_outputs
-from ._jobs import (
-    Job,
-    JobOutcome,
-    JobStarted,
-    Policy,
-    SweepState,
-    capture_sweep_state,
-    composed_here,
-    ship_state,
+from hydra_ray.checks.resources import JobResources
+from hydra_ray.checks.validate import ray_init_kwargs
+from hydra_ray.core.digest import file_digest
+from hydra_ray.core.jobs import JobStarted
+from hydra_ray.core.records import RECORD_DIR, read_record
+from hydra_ray.core.redact import redacted
+from hydra_ray.driver.protocol import (
+    BUNDLE_MARK,
+    BUNDLE_OUTPUTS,
+    BUNDLE_RECORDS,
+    GATHER_REPORT,
+    PACKAGES,
+    PLUGIN_DIR,
+    RETURNS,
+    JobSpec,
 )
-from ._records import RECORD_DIR, read_record
-from ._redact import redacted
-from ._resources import JobResources, for_sweep
-from ._sync import rsync_command
-from ._validate import plain_dict, ray_init_kwargs
-
-if TYPE_CHECKING:
-    from ._sweep import Batch, Session, SweepBook
+from hydra_ray.engine.gather import JobDirs, LeftOnNode, gather_outputs
+from hydra_ray.engine.worker import ship_state
+from hydra_ray.infra.sync import rsync_command
 
 log = logging.getLogger(__name__)
 
-# The files of the driver's working dir (a temp dir of the launch on the head),
-# shared with the launcher (_remote.py): this plugin's source, the job spec it
-# sends, the returns it brings home.
-PLUGIN_DIR = "plugin"
-JOB_SPEC = "job_spec.pkl"
-RETURNS = "returns.pkl"
+
 # The running driver's pid and its jobs' stop grace in seconds ("PID GRACE"), in
 # its working dir.
 _PID_FILE = "driver.pid"
-# Written in its working dir by the driver and by `gather` once they have tried to
-# bring every node's outputs onto the head: {"complete": bool, "left": [{"node":
-# IP, "node_id": ID, "paths": [...], "error": why}]}. The launcher tears the
-# cluster down only after a complete one (a missing file means the gather did not
-# end: outputs may still be on nodes).
-GATHER_REPORT = "gather_report.json"
 # In its working dir, one JSON line per job start (node, job dir): what `gather`
 # fetches after the driver was killed.
 _STARTS_FILE = "job_starts.jsonl"
-
-
-# The Jobs API launcher's files: in the Ray job's working dir, what to pack
-# ({"name": file name in the log dir, "sweep_dir", "include", "exclude", "storage"});
-# in the job's log, the line that says where the pack is (then a JSON object: size,
-# sha256, node_ip, cluster_sweep, and node_id, file, pack_path in the log dir, or
-# storage and key).
-BUNDLE_PLAN = "bundle.json"
-BUNDLE_MARK = "HYDRA_RAY_BUNDLE "
-# In the pack: the returns and the gather report (if written), the records, the
-# outputs (the sweep dir, filtered by sync_down, without the records).
-BUNDLE_RECORDS = "records"
-BUNDLE_OUTPUTS = "outputs"
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What the launching machine sends to the head: serialised as job_spec.pkl."""
-
-    state: SweepState
-    jobs: Sequence[Job]
-    init: dict[str, Any]
-    # The sweep output dir as the jobs will resolve it (relative to the head's cwd).
-    sweep_dir: str
-    # The app's config files are not on the cluster: the jobs compose their
-    # configs from the state's snapshot of them, or, where it cannot stand in,
-    # these were composed on the launching machine.
-    configs: Mapping[int, DictConfig] | None
-    # Dir synced up with the user's code, relative to the head driver's working
-    # dir or absolute: on every node's sys.path for the jobs.
-    code_dir: str | None
-    policy: Policy
-    # Draw the live display (the user's terminal is one), this wide.
-    live: bool
-    width: int | None
-    # Jobs of the batch taken from an earlier run (resume): for the progress counts.
-    already_done: int
-
-
-def build_job_spec(
-    session: "Session", book: "SweepBook", current: "Batch", code_dir: str | None
-) -> JobSpec:
-    """What the head's driver needs for the batch, built before anything is sent
-    (an app that cannot be pickled fails here, for free). Each job's
-    hydra.launcher.ray.remote, where it interpolates into the job's config, is
-    resolved here: raises ResourceError for a job whose value does not resolve
-    (within the resolution budget: later jobs fail alone, on the head)."""
-    context, config = session.hydra_context, session.config
-    configs = composed_here(context, config, current.to_run)
-    for_sweep(context, config, configs).resolve_ahead(current.to_run)
-    return JobSpec(
-        state=capture_sweep_state(context, session.task_function, config),
-        jobs=current.to_run,
-        configs=configs,
-        init=plain_dict(config.hydra.launcher.ray.init),
-        sweep_dir=str(book.sweep_dir),
-        code_dir=code_dir,
-        policy=book.settings.policy,
-        live=book.settings.live,
-        width=shutil.get_terminal_size().columns if book.settings.live else None,
-        already_done=current.already_done,
-    )
-
-
-def stage_plugin(staged: Path) -> None:
-    """Copy into `staged` (the PLUGIN_DIR that goes to the cluster) this plugin's
-    own source, so that the head's driver and the jobs on every node run the very
-    code of the launching machine, whatever version is installed there; and rich
-    (pure Python), which draws the driver's display: the cluster's packages need
-    not include it."""
-    import rich
-
-    for source, target in (
-        (Path(__file__).parent, staged / "hydra_plugins" / "hydra_ray_launcher"),
-        (Path(rich.__file__).parent, staged / "rich"),
-    ):
-        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None:
@@ -167,7 +73,7 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
     refuses a ray.init() runtime_env that repeats its fields."""
     import ray
 
-    from . import _engine
+    from hydra_ray.engine.run import run_batch_here
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
     with open(spec_path, "rb") as f:
@@ -180,7 +86,7 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
     state = dataclasses.replace(spec.state, cwd=os.getcwd())
     runtime_env = dict(spec.init.get("runtime_env") or {})
     # Ray ships these to every node: the jobs there import this very plugin.
-    runtime_env.setdefault("py_modules", []).append(_plugin_module())
+    runtime_env.setdefault("py_modules", []).extend(_staged_packages())
     if spec.code_dir is not None:
         # Ray ships the working_dir to every node and puts it on the jobs' sys.path.
         runtime_env.setdefault("working_dir", os.path.abspath(spec.code_dir))
@@ -209,7 +115,7 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
         ),
         spec.configs,
     )
-    outcomes = _engine.run_batch_here(
+    outcomes = run_batch_here(
         shipped,
         spec.jobs,
         resources,
@@ -231,7 +137,7 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
 
 def main_for_jobs_api(spec_path: str, plan_path: str) -> None:
     """`main`, then the pack, also after a failure or a stop: Ray's `stop_job`
-    sends SIGTERM, which cancels the jobs as Ctrl-C does."""
+    sends SIGTERM, which cancels the jobs as Ctrl-C does (KeyboardInterrupt)."""
     plan = json.loads(Path(plan_path).read_text())
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -293,10 +199,10 @@ def write_bundle(plan: dict[str, Any]) -> None:
     log.info(f"Packed the results and outputs to bring home: {size / 2**20:.1f} MiB")
     storage = plan.get("storage")
     if storage:
-        from . import _storage
+        from hydra_ray.infra.storage import put
 
         try:
-            stored = _storage.put(storage, final, final.name)
+            stored = put(storage, final, final.name)
         except Exception as exc:  # pyarrow missing here, credentials, the network
             log.warning(
                 f"The pack could not be put in sync_down.storage={redacted(storage)} ({exc}): "
@@ -320,30 +226,9 @@ def _not_records(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if member.name.startswith(f"{BUNDLE_OUTPUTS}/{RECORD_DIR}") else member
 
 
-def driver_command(remote_tmp: str, code_dir: str | None) -> str:
-    """The shell command, run on the head, that runs the sweep (`main`)."""
-    tmp = shlex.quote(remote_tmp)
-    return _command(remote_tmp, f"{tmp}/{JOB_SPEC} {tmp}/{RETURNS}", code_dir)
-
-
-def gather_command(remote_tmp: str, sweep_dir: Path) -> str:
-    """The shell command, run on the head, that gathers after a failure."""
-    return _command(remote_tmp, f"gather {shlex.quote(str(sweep_dir))}")
-
-
-def _command(remote_tmp: str, args: str, code_dir: str | None = None) -> str:
-    """`python -m` this module with ARGS in the head's temp dir, with the shipped
-    plugin (and the synced code) on its path."""
-    tmp = shlex.quote(remote_tmp)
-    pythonpath = f"{tmp}/{PLUGIN_DIR}:" + (f"{shlex.quote(code_dir)}:" if code_dir else "")
-    return (
-        f"cd {tmp} && PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 "
-        f"python -m hydra_plugins.hydra_ray_launcher._head_driver {args}"
-    )
-
-
-def _plugin_module() -> str:
-    return os.path.abspath(f"{PLUGIN_DIR}/hydra_plugins")
+def _staged_packages() -> list[str]:
+    """The plugin's packages as staged in the working dir, for Ray's py_modules."""
+    return [os.path.abspath(f"{PLUGIN_DIR}/{package}") for package in PACKAGES]
 
 
 def gather_after_failure(sweep_dir: str) -> None:
@@ -357,7 +242,7 @@ def gather_after_failure(sweep_dir: str) -> None:
         pid, _, grace_s = pid_file.read_text().partition(" ")
         # Its jobs' grace (Ctrl-C lets them save their work), then its own.
         _stop(int(pid), float(grace_s or 0) + 15.0)
-    ray.init(address="auto", runtime_env={"py_modules": [_plugin_module()]})
+    ray.init(address="auto", runtime_env={"py_modules": _staged_packages()})
     _gather(sweep_dir, _started_job_dirs(Path(sweep_dir).resolve()))
 
 
@@ -417,13 +302,6 @@ def _have_rich() -> bool:
         log.warning("rich is not installed on the head: progress shown as lines")
         return False
     return True
-
-
-def load_outcomes(path: str) -> list[JobOutcome]:
-    with open(path, "rb") as f:
-        outcomes = cloudpickle.load(f)
-    assert isinstance(outcomes, list)
-    return outcomes
 
 
 if __name__ == "__main__":

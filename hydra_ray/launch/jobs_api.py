@@ -27,36 +27,43 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from omegaconf import DictConfig
 
-from . import _launch
-from ._digest import file_digest
-from ._errors import ConfigError, DriverError, LostDashboardError, OutputsNotHomeError
-from ._head_driver import (
+from hydra_ray.checks.validate import (
+    plain_dict,
+    refuse,
+    source_dir_problems,
+    sweep_problems,
+    without_nulls,
+)
+from hydra_ray.core.digest import file_digest
+from hydra_ray.core.errors import ConfigError, DriverError, LostDashboardError, OutputsNotHomeError
+from hydra_ray.core.jobs import INTERRUPTED, JobOutcome
+from hydra_ray.core.records import RECORD_DIR, move_records_home, moved_home, read_record
+from hydra_ray.core.redact import redacted
+from hydra_ray.driver.protocol import (
     BUNDLE_MARK,
     BUNDLE_OUTPUTS,
     BUNDLE_PLAN,
     BUNDLE_RECORDS,
+    DRIVER_MODULE,
     JOB_SPEC,
     PLUGIN_DIR,
     RETURNS,
-    build_job_spec,
     load_outcomes,
     stage_plugin,
 )
-from ._jobs import INTERRUPTED, JobOutcome, dumps_for_cluster
-from ._records import RECORD_DIR, move_records_home, moved_home, read_record
-from ._redact import redacted
-from ._scratch import scratch_dir
-from ._storage import storage_problems
-from ._sweep import Batch, SweepBook
-from ._sync import rsync_command
-from ._validate import plain_dict, refuse, source_dir_problems, sweep_problems, without_nulls
+from hydra_ray.engine.worker import dumps_for_cluster
+from hydra_ray.infra.scratch import scratch_dir
+from hydra_ray.infra.storage import storage_problems
+from hydra_ray.infra.sync import rsync_command
+from hydra_ray.launch import skeleton
+from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec
 
 if TYPE_CHECKING:
-    from ._sweep import Session
+    from hydra_ray.launch.sweep import Session
 
 log = logging.getLogger(__name__)
 
-# This machine's scratch dirs (see _scratch): the package, a pack coming home.
+# This machine's scratch dirs (see `infra.scratch`): the package, a pack coming home.
 SCRATCH = "hydra-ray-jobs"
 # Ray refuses a larger working_dir upload (HTTP 413); 100 MiB today.
 UPLOAD_LIMIT = 100 * 2**20
@@ -233,8 +240,8 @@ def dashboard_problems(settings: DictConfig) -> list[ConfigError]:
     return problems
 
 
-class ThroughDashboard(_launch.LaunchPath):
-    """The `ray_jobs` launcher's hooks (see _launch.LaunchPath)."""
+class ThroughDashboard(skeleton.LaunchPath):
+    """The `ray_jobs` launcher's hooks (see skeleton.LaunchPath)."""
 
     def dry_run(
         self, session: "Session", job_overrides: Sequence[Sequence[str]], first: int
@@ -255,7 +262,7 @@ def _check_reachable(settings: DictConfig) -> None:
     """Before the sweep dir is touched: a dashboard out of reach, a token it
     refuses, a sync_down.storage this machine cannot read. Raises ConfigError."""
     if settings.sync_down.storage is not None:
-        from ._storage import check_reachable
+        from hydra_ray.infra.storage import check_reachable
 
         check_reachable(str(settings.sync_down.storage))
     _dashboard(settings).client()
@@ -293,10 +300,7 @@ def _run_as_ray_job(
         _stage(session, book, current, settings, package, submission_id)
         _check_upload_size(package)
         runtime_env = _runtime_env(settings, package, settings.sync_up.source_dir is not None)
-        entrypoint = (
-            "RAY_DEDUP_LOGS=0 python -m "
-            f"hydra_plugins.hydra_ray_launcher._head_driver jobs {JOB_SPEC} {BUNDLE_PLAN}"
-        )
+        entrypoint = f"RAY_DEDUP_LOGS=0 python -m {DRIVER_MODULE} jobs {JOB_SPEC} {BUNDLE_PLAN}"
         # Noted before it exists: a launcher killed right after the submission
         # leaves a Ray job that a resume must find.
         _note_submission(book, submission_id, [job.idx for job in current.to_run], home=False)
@@ -616,7 +620,7 @@ def dry_run(
     hydra_context: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], first: int
 ) -> NoReturn:
     """The dry run of the `ray_jobs` launcher: no request reaches the dashboard."""
-    from ._plan import Plan, filters_text, plan_sweep, size_text, upload_lines
+    from hydra_ray.launch.plan import Plan, filters_text, plan_sweep, size_text, upload_lines
 
     plan = Plan("ray_jobs")
     settings = config.hydra.launcher
@@ -825,18 +829,18 @@ def _outcomes_home(returns: Path, settings: DictConfig, book: SweepBook) -> list
 
 def _fetch_stored(where: Mapping[str, Any], local: Path) -> None:
     """The pack, from sync_down.storage, checked (size, sha256)."""
-    from . import _storage
+    from hydra_ray.infra.storage import fetch
 
-    _storage.fetch(where["storage"], where["key"], local)
+    fetch(where["storage"], where["key"], local)
     _check_pack(local, where)
 
 
 def _remove_stored(where: Mapping[str, Any]) -> None:
     """The storage's copy, once everything it held is home."""
-    from . import _storage
+    from hydra_ray.infra.storage import remove
 
     try:
-        _storage.remove(where["storage"], where["key"])
+        remove(where["storage"], where["key"])
     except OSError as exc:
         log.warning(f"Could not remove {where['key']} from {redacted(where['storage'])} ({exc})")
 

@@ -9,7 +9,7 @@ Nothing is started: no Ray, no cluster, no upload, no file changed. The launch
 ends after the plan: exit 0 when it holds, else a ConfigError listing every
 problem, each naming its key and the fix.
 
-Ray and boto3 are imported inside functions: Hydra imports this package at every start.
+Ray and boto3 are imported inside functions, where it is needed.
 """
 
 import logging
@@ -27,16 +27,16 @@ from omegaconf.errors import (
     UnsupportedInterpolationType,
 )
 
-from ._errors import ConfigError
-from ._jobs import Job
-from ._redact import redacted
-from ._report import describe, described
-from ._resources import JobResources, for_sweep, request
-from ._sync import rsync_command
-from ._validate import plain_dict, without_nulls
+from hydra_ray.checks.resources import JobResources, for_sweep, request
+from hydra_ray.checks.validate import plain_dict, without_nulls
+from hydra_ray.core.errors import ConfigError
+from hydra_ray.core.jobs import Job
+from hydra_ray.core.redact import redacted
+from hydra_ray.engine.report import describe, described
+from hydra_ray.infra.sync import rsync_command
 
 if TYPE_CHECKING:
-    from ._sweep import SweepBook, SweepSettings
+    from hydra_ray.launch.sweep import SweepBook, SweepSettings
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ class Plan:
             return None
 
     def finish(self) -> NoReturn:
-        """Print the plan; exit 0 if it holds, else raise a ConfigError of all problems."""
+        """Print the plan; exit 0 if it holds (SystemExit), else raise a ConfigError
+        of all problems."""
         text = [
             f"Dry run of the {self.launcher} launcher: nothing was started (no Ray, no "
             "cluster, no upload) and no record written."
@@ -436,7 +437,7 @@ def plan_sweep(
 ) -> OptionSets:
     """What every launcher plans: the jobs, the settings, a resume, `ray.remote`;
     returns the distinct sets of ray.remote options."""
-    from ._sweep import SweepBook, sweep_settings, task_overrides
+    from hydra_ray.launch.sweep import SweepBook, sweep_settings, task_overrides
 
     jobs = [Job(first + pos, list(ov)) for pos, ov in enumerate(job_overrides)]
     sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -463,8 +464,8 @@ def dry_run_local(
     hydra_context: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], first: int
 ) -> NoReturn:
     """The dry run of the `ray` launcher."""
-    from ._connect import check_connection
-    from ._validate import plain_dict, ray_init_kwargs
+    from hydra_ray.checks.validate import plain_dict, ray_init_kwargs
+    from hydra_ray.infra.connect import check_connection
 
     plan = Plan("ray")
     settings = config.hydra.launcher
@@ -500,7 +501,7 @@ def dry_run_cluster(
     launcher: str,
 ) -> NoReturn:
     """The dry run of the cluster launchers (`ray_aws`, `ray_cluster`)."""
-    from ._validate import (
+    from hydra_ray.checks.validate import (
         check_provider_access,
         cluster_config_for_ray,
         cluster_launch_problems,

@@ -14,36 +14,42 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from omegaconf import DictConfig
 
-from . import _launch
-from ._cluster import Cluster, ClusterLifetime, Leftovers, RemoteTmp, remote_temp_dir
-from ._errors import ClusterCommandError, DriverError, OutputsNotHomeError
-from ._head_driver import (
-    GATHER_REPORT,
-    JOB_SPEC,
-    PLUGIN_DIR,
-    RETURNS,
-    JobSpec,
-    build_job_spec,
-    driver_command,
-    gather_command,
-    load_outcomes,
-    stage_plugin,
-)
-from ._jobs import JobOutcome, dumps_for_cluster
-from ._records import RECORD_DIR, move_records_home, moved_home
-from ._scratch import scratch_dir
-from ._sweep import Batch, SweepBook
-from ._sync import rsync_command
-from ._validate import (
+from hydra_ray.checks.validate import (
     check_launch_preconditions,
     check_provider_access,
     cluster_config_for_ray,
     named_cluster,
     validate_cluster_config,
 )
+from hydra_ray.core.errors import ClusterCommandError, DriverError, OutputsNotHomeError
+from hydra_ray.core.jobs import JobOutcome
+from hydra_ray.core.records import RECORD_DIR, move_records_home, moved_home
+from hydra_ray.driver.protocol import (
+    GATHER_REPORT,
+    JOB_SPEC,
+    PLUGIN_DIR,
+    RETURNS,
+    JobSpec,
+    driver_command,
+    gather_command,
+    load_outcomes,
+    stage_plugin,
+)
+from hydra_ray.engine.worker import dumps_for_cluster
+from hydra_ray.infra.autoscaler import (
+    Cluster,
+    ClusterLifetime,
+    Leftovers,
+    RemoteTmp,
+    remote_temp_dir,
+)
+from hydra_ray.infra.scratch import scratch_dir
+from hydra_ray.infra.sync import rsync_command
+from hydra_ray.launch import skeleton
+from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec
 
 if TYPE_CHECKING:
-    from ._sweep import Session
+    from hydra_ray.launch.sweep import Session
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +57,13 @@ _REPORT_MARK = "HYDRA_RAY_GATHER_REPORT="
 _FOUND = "HYDRA_RAY_FOUND"
 
 
-class OnCluster(_launch.LaunchPath):
-    """The `ray_aws` / `ray_cluster` launchers' hooks (see _launch.LaunchPath)."""
+class OnCluster(skeleton.LaunchPath):
+    """The `ray_aws` / `ray_cluster` launchers' hooks (see skeleton.LaunchPath)."""
 
     def dry_run(
         self, session: "Session", job_overrides: Sequence[Sequence[str]], first: int
     ) -> NoReturn:
-        from ._plan import dry_run_cluster
+        from hydra_ray.launch.plan import dry_run_cluster
 
         config = session.config
         choice = config.hydra.runtime.choices.get("hydra/launcher", "ray_aws")

@@ -1,7 +1,7 @@
 """The one launch skeleton every launcher goes through: Hydra's logging set up,
 the dry run, the checks before anything costs, the sweep's book (records,
 resume, summary) made at the first batch, the batch run, and the stop on
-Ctrl-C. A launch path (`_local`, `_remote`, `_jobs_api`) provides only its
+Ctrl-C. A launch path (`local`, `cluster`, `jobs_api`) provides only its
 hooks (`LaunchPath`): it never sees a Launcher, only the `Session`."""
 
 from collections.abc import Sequence
@@ -10,8 +10,8 @@ from typing import NoReturn
 
 from hydra.core.utils import JobReturn, configure_log, setup_globals
 
-from ._jobs import JobOutcome
-from ._sweep import Batch, Session, SweepBook, batch, sweep_settings, task_overrides
+from hydra_ray.core.jobs import JobOutcome
+from hydra_ray.launch.sweep import Batch, Session, SweepBook, batch, sweep_settings, task_overrides
 
 
 class LaunchPath:

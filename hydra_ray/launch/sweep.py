@@ -8,7 +8,7 @@ import logging
 import shlex
 import shutil
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +18,11 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from ._errors import ConfigError, JobError, UnreadableRecord
-from ._jobs import INTERRUPTED, SUCCEEDED, Job, JobOutcome, Policy, ShippedState
-from ._records import (
+from hydra_ray.checks.resources import for_sweep
+from hydra_ray.checks.validate import plain_dict, refuse, settings_problems
+from hydra_ray.core.errors import ConfigError, JobError, UnreadableRecord
+from hydra_ray.core.jobs import INTERRUPTED, SUCCEEDED, Job, JobOutcome, Policy
+from hydra_ray.core.records import (
     EARLIER,
     MANIFEST,
     RECORD_DIR,
@@ -35,17 +37,14 @@ from ._records import (
     write_manifest,
     write_summary,
 )
-from ._report import describe, summary_table, want_live
-from ._validate import refuse, settings_problems
+from hydra_ray.driver.protocol import JobSpec
+from hydra_ray.engine.report import describe, summary_table, want_live
+from hydra_ray.engine.worker import ShippedState, capture_sweep_state, composed_here
 
 if TYPE_CHECKING:
-    from ._cluster import ClusterLifetime
+    from hydra_ray.infra.autoscaler import ClusterLifetime
 
 log = logging.getLogger(__name__)
-
-# Runs the given jobs (the second argument: how many jobs of the batch were
-# taken from an earlier run, for the progress counts) and returns their outcomes.
-RunJobs = Callable[[list[Job], int], list[JobOutcome]]
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ def task_overrides(config: DictConfig) -> list[str]:
 
 
 def sweep_settings(launcher: DictConfig) -> SweepSettings:
-    """The settings, checked (`_validate.settings_problems`). Raises ConfigError."""
+    """The settings, checked (`checks.validate.settings_problems`). Raises ConfigError."""
     refuse(settings_problems(launcher))
     retries, timeout = launcher.retries, launcher.job_timeout_s
     return SweepSettings(
@@ -314,19 +313,6 @@ def batch(
     current.returns = [book.outcomes[job.idx].job_return for job in jobs]
 
 
-def run_batch(
-    book: SweepBook,
-    job_overrides: Sequence[Sequence[str]],
-    initial_job_idx: int,
-    run: RunJobs,
-) -> list[JobReturn]:
-    """`batch` with a function that runs the jobs (tests use it with fakes)."""
-    with batch(book, job_overrides, initial_job_idx) as current:
-        if current.to_run:
-            current.outcomes = run(current.to_run, current.already_done)
-    return current.returns
-
-
 def _unfinished(job: Job, node: str) -> JobOutcome:
     job_return = JobReturn(overrides=list(job.overrides), status=JobStatus.FAILED)
     job_return.return_value = JobError(f"Job #{job.idx} did not finish: the sweep was stopped")
@@ -385,3 +371,28 @@ class Session:
     shipped: ShippedState | None = None
     # `ray_aws`/`ray_cluster`: the multirun's one cluster, made at the first launch().
     lifetime: "ClusterLifetime | None" = None
+
+
+def build_job_spec(
+    session: "Session", book: "SweepBook", current: "Batch", code_dir: str | None
+) -> JobSpec:
+    """What the head's driver needs for the batch, built before anything is sent
+    (an app that cannot be pickled fails here, for free). Each job's
+    hydra.launcher.ray.remote, where it interpolates into the job's config, is
+    resolved here: raises ResourceError for a job whose value does not resolve
+    (within the resolution budget: later jobs fail alone, on the head)."""
+    context, config = session.hydra_context, session.config
+    configs = composed_here(context, config, current.to_run)
+    for_sweep(context, config, configs).resolve_ahead(current.to_run)
+    return JobSpec(
+        state=capture_sweep_state(context, session.task_function, config),
+        jobs=current.to_run,
+        configs=configs,
+        init=plain_dict(config.hydra.launcher.ray.init),
+        sweep_dir=str(book.sweep_dir),
+        code_dir=code_dir,
+        policy=book.settings.policy,
+        live=book.settings.live,
+        width=shutil.get_terminal_size().columns if book.settings.live else None,
+        already_done=current.already_done,
+    )

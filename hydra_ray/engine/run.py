@@ -17,23 +17,14 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
-from ._errors import JobError, ResourceError
-from ._gather import JobDirs
-from ._jobs import (
-    FAILED,
-    TIMED_OUT,
-    Job,
-    JobOutcome,
-    JobStarted,
-    Policy,
-    ShippedState,
-    run_one_job,
-    run_one_job_reporting,
-)
-from ._records import write_record
-from ._report import SweepProgress, describe
-from ._resources import JobResources, request
-from ._validate import without_nulls
+from hydra_ray.checks.resources import JobResources, request
+from hydra_ray.checks.validate import without_nulls
+from hydra_ray.core.errors import JobError, ResourceError
+from hydra_ray.core.jobs import FAILED, TIMED_OUT, Job, JobOutcome, JobStarted, Policy
+from hydra_ray.core.records import write_record
+from hydra_ray.engine.gather import JobDirs
+from hydra_ray.engine.report import SweepProgress, describe
+from hydra_ray.engine.worker import ShippedState, run_one_job, run_one_job_reporting
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ has them composes each job's config in the process that submits the jobs (the
 launching one, or the driver on a cluster's head), job by job as it submits
 them, and hands that config to the job, which then does not compose it again.
 
-Imports no Ray: Ray's own check of the options is called through `_validate`.
+Imports no Ray: Ray's own check of the options is called through `checks.validate`.
 """
 
 import logging
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ._errors import ConfigError, ResourceError
-from ._validate import check_remote_options, plain_dict
+from hydra_ray.checks.validate import check_remote_options, plain_dict
+from hydra_ray.core.errors import ConfigError, ResourceError
 
 if TYPE_CHECKING:
     from hydra.types import HydraContext
 
-    from ._jobs import Job
+    from hydra_ray.core.jobs import Job
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class JobResources:
             ) from None
         if self._configs is None:
             with open_dict(config):
-                # As the job would compose it where it runs (see _jobs._Prepared).
+                # As the job would compose it where it runs (see `engine.worker._Prepared`).
                 config.hydra.runtime.cwd = self._config.hydra.runtime.cwd
         for key in self.interpolated:
             try:

@@ -13,29 +13,35 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import _engine, _launch
-from ._connect import check_connection
-from ._errors import ConfigError
-from ._gather import JobDirs, gather_outputs
-from ._jobs import JobOutcome, JobStarted, capture_sweep_state, composed_here, ship_state
-from ._procs import descendants, kill_new_descendants
-from ._redact import redacted
-from ._resources import for_sweep
-from ._sweep import Batch, SweepBook
-from ._validate import plain_dict, ray_init_kwargs, refuse, sweep_problems
+from hydra_ray.checks.resources import for_sweep
+from hydra_ray.checks.validate import plain_dict, ray_init_kwargs, refuse, sweep_problems
+from hydra_ray.core.errors import ConfigError
+from hydra_ray.core.jobs import JobOutcome, JobStarted
+from hydra_ray.core.redact import redacted
+from hydra_ray.driver.protocol import PACKAGES, stage_plugin
+from hydra_ray.engine import run as engine
+from hydra_ray.engine.gather import JobDirs, gather_outputs
+from hydra_ray.engine.worker import capture_sweep_state, composed_here, ship_state
+from hydra_ray.infra.connect import check_connection
+from hydra_ray.infra.procs import descendants, kill_new_descendants
+from hydra_ray.infra.scratch import scratch_dir
+from hydra_ray.launch import skeleton
+from hydra_ray.launch.sweep import Batch, SweepBook
 
 if TYPE_CHECKING:
-    from ._sweep import Session
+    from hydra_ray.launch.sweep import Session
 
 log = logging.getLogger(__name__)
 
 # True once this process has started (or connected to) Ray through ray.init()
 # itself, as opposed to finding Ray already initialised by the user's code.
 _ray_initialised_here = False
+# This machine's scratch dir of the plugin staged for Ray Client.
+_SCRATCH = "hydra-ray-client"
 
 
-class Local(_launch.LaunchPath):
-    """The `ray` launcher's hooks (see _launch.LaunchPath)."""
+class Local(skeleton.LaunchPath):
+    """The `ray` launcher's hooks (see skeleton.LaunchPath)."""
 
     def prepare_process(self, session: "Session") -> None:
         # Each job's own lines matter in a sweep: Ray's log deduplication (read when
@@ -49,7 +55,7 @@ class Local(_launch.LaunchPath):
     def dry_run(
         self, session: "Session", job_overrides: Sequence[Sequence[str]], first: int
     ) -> NoReturn:
-        from ._plan import dry_run_local
+        from hydra_ray.launch.plan import dry_run_local
 
         dry_run_local(session.hydra_context, session.config, job_overrides, first)
 
@@ -82,7 +88,7 @@ def _run_here(
     if session.shipped is None or not session.shipped.is_current():
         state = capture_sweep_state(session.hydra_context, session.task_function, config)
         session.shipped = ship_state(state)
-    if not _engine.single_machine():
+    if not engine.single_machine():
         # Other machines need not have the app's config files.
         configs = composed_here(session.hydra_context, config, current.to_run)
         if configs is not None:
@@ -91,7 +97,7 @@ def _run_here(
     def started(event: JobStarted) -> None:
         book.started_on[event.idx] = event.node
 
-    return _engine.run_batch_here(
+    return engine.run_batch_here(
         session.shipped,
         current.to_run,
         resources,
@@ -113,7 +119,7 @@ def _check_schedulable(
     """A job no node can run would wait forever: refuse on a Ray of fixed size
     (the local one), warn on a cluster (its autoscaler may add such nodes).
     `jobs`: the jobs that ask for `remote`; None: every job."""
-    why = _engine.unschedulable(remote)
+    why = engine.unschedulable(remote)
     if why is None:
         return
     which = "a job" if jobs is None else "job #" + ", #".join(map(str, jobs))
@@ -149,7 +155,9 @@ def _gather_quietly(sweep_dir: Path, job_dirs: JobDirs, *, jobs_cwd: str) -> Non
 
 def start_ray(init: dict[str, Any]) -> None:
     """ray.init() with the user's options, unless Ray is already initialised in
-    this process (an earlier batch of this sweep, or the user's own code)."""
+    this process (an earlier batch of this sweep, or the user's own code).
+    Raises ConfigError when ray.init() refuses the options or the cluster (with
+    Ray's reasons); a Ctrl-C stops what Ray had started and goes on."""
     import ray
 
     global _ray_initialised_here
@@ -165,8 +173,8 @@ def start_ray(init: dict[str, Any]) -> None:
     check_connection(kwargs)
     before = descendants()
     try:
-        with _ctrl_c_not_lost():
-            _init(kwargs)
+        with _ctrl_c_not_lost(), _plugin_shipped(kwargs) as shipping:
+            _init(shipping)
     except KeyboardInterrupt:
         # Ctrl-C while Ray starts: stop what it started so far, now, not at exit
         # (Ray's exit hooks would leave its agents for a minute and exit with 1).
@@ -184,6 +192,23 @@ def start_ray(init: dict[str, Any]) -> None:
             + "; caused by ".join(reasons)
         ) from exc
     _ray_initialised_here = True
+
+
+@contextlib.contextmanager
+def _plugin_shipped(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """`kwargs`, and for Ray Client (`ray://`) this plugin's two packages in its
+    runtime_env's py_modules: the cluster's workers import the very code of this
+    machine, and need not have the plugin installed (nor another version of it).
+    Ray uploads them in ray.init() (once per content: it keeps them by hash)."""
+    if not str(kwargs.get("address") or "").startswith("ray://"):
+        yield kwargs
+        return
+    with scratch_dir(_SCRATCH) as staged:
+        stage_plugin(staged, display=False)
+        runtime_env = dict(kwargs.get("runtime_env") or {})
+        theirs = list(runtime_env.get("py_modules") or [])
+        runtime_env["py_modules"] = [*theirs, *(str(staged / p) for p in PACKAGES)]
+        yield {**kwargs, "runtime_env": runtime_env}
 
 
 @contextlib.contextmanager
@@ -265,3 +290,5 @@ def stop_ray() -> None:
         log.warning("Shutting down Ray")
         ray.shutdown()
         _ray_initialised_here = False
+# This machine's scratch dir of the plugin staged for Ray Client.
+_SCRATCH = "hydra-ray-client"

@@ -4,7 +4,7 @@ On a terminal: one display at the bottom of the screen that rich updates in
 place (counts, elapsed time, time left, the latest job events), with the jobs'
 own output and the launcher's log lines scrolling above it. Elsewhere (CI, a
 file, `hydra.launcher.progress=false`): one plain log line per job event. At
-the end: a table of every job, which `_records` also writes as JSON.
+the end: a table of every job, which `core.records` also writes as JSON.
 
 rich is imported inside functions: the display is optional (plain lines without it).
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from hydra.core.utils import filter_overrides
 
-from ._jobs import FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, JobOutcome
+from hydra_ray.core.jobs import FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, JobOutcome
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
