@@ -108,6 +108,8 @@ RAY_AWS_DEFAULTS: dict[str, Any] = {
     "logging": {"log_style": "auto", "color_mode": "auto", "verbosity": 0},
     "create_update_cluster": {"no_restart": False, "restart_only": False, "no_config_cache": False},
     "teardown_cluster": {"workers_only": False, "keep_min_workers": False},
+    # A driver on the head that outlives the launcher's connection (beyond the guide).
+    "reconnect_s": 120.0,
     # Long sweeps (beyond the guide): as for the `ray` launcher.
     "progress": True,
     "job_timeout_s": None,
@@ -566,6 +568,8 @@ def test_missing_rsync_and_ssh_are_refused_with_how_to_install_them(
         ("logging.verbosity", 4),
         ("logging.verbosity", -1),
         ("ray.run_env", "vm"),
+        ("reconnect_s", 0),
+        ("reconnect_s", -5),
     ],
 )
 def test_values_out_of_range_are_refused(key: str, value: Any) -> None:

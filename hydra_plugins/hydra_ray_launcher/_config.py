@@ -365,6 +365,9 @@ class RayAWSLauncherConf(SweepRunConf):
         default_factory=RayCreateOrUpdateClusterConf
     )
     teardown_cluster: RayTeardownClusterConf = field(default_factory=RayTeardownClusterConf)
+    # Seconds a lost connection to the head is made again while its driver runs
+    # (the driver goes on without it); then the launcher stops with the resume command.
+    reconnect_s: float = 120.0
 
 
 @dataclass

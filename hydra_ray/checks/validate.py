@@ -435,6 +435,16 @@ def cluster_launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
             )
         )
     problems += source_dir_problems(launcher_cfg.sync_up.source_dir)
+    reconnect = launcher_cfg.get("reconnect_s")
+    if not _positive_seconds(reconnect):
+        shown = f"{reconnect:g}" if isinstance(reconnect, (int, float)) else reconnect
+        problems.append(
+            ConfigError(
+                f"hydra.launcher.reconnect_s={shown} is not valid: set it to the seconds "
+                "a lost connection to the cluster's head is made again while its driver runs "
+                "(default 120)"
+            )
+        )
     missing = [tool for tool in ("rsync", "ssh") if shutil.which(tool) is None]
     if missing:
         problems.append(
@@ -486,3 +496,13 @@ def check_remote_options(remote: Mapping[str, Any]) -> dict[str, Any]:
 
 def _no_op() -> None:
     pass
+
+
+def _positive_seconds(value: Any) -> bool:
+    """A finite number of seconds above 0 (not a bool, not null)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )

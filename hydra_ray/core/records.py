@@ -354,3 +354,37 @@ def _finite(value: Any, containing: frozenset[int]) -> Any:
             return {k: _finite(v, containing) for k, v in value.items()}
         return [_finite(v, containing) for v in value]
     return value
+
+
+def detached_runs(sweep_dir: Path, name: str) -> dict[str, dict[str, Any]]:
+    """The runs of this sweep that go on without the launcher, noted in the
+    record dir's file `name`: {run id: {"jobs": [idx, ...], "home": bool}}. A
+    Ray job (`ray_jobs`) or a driver on a cluster's head: a resume follows one
+    whose results did not come home (the launcher was killed, or its connection)."""
+    path = sweep_dir / RECORD_DIR / name
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:  # cut by a kill mid-write: what it held is lost
+        log.warning(f"Cannot read {path} ({exc}): no earlier run is followed again")
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def note_detached_run(
+    sweep_dir: Path, name: str, run_id: str, jobs: list[int], *, home: bool = False
+) -> None:
+    """Note (atomically) a detached run of `jobs`, before it starts: a launcher
+    killed right after leaves a run that a resume must find."""
+    noted = detached_runs(sweep_dir, name)
+    noted[run_id] = {"jobs": jobs, "home": home}
+    _write_atomically(sweep_dir / RECORD_DIR / name, json.dumps(noted, indent=1).encode())
+
+
+def note_detached_run_home(sweep_dir: Path, name: str, run_id: str) -> None:
+    """The run's results came home (or there is nothing to fetch): a resume
+    leaves it alone."""
+    noted = detached_runs(sweep_dir, name).get(run_id)
+    jobs = [int(i) for i in noted["jobs"]] if noted else []
+    note_detached_run(sweep_dir, name, run_id, jobs, home=True)

@@ -28,6 +28,12 @@ DRIVER_MODULE = "hydra_ray.driver.head"
 PLUGIN_DIR = "plugin"
 JOB_SPEC = "job_spec.pkl"
 RETURNS = "returns.pkl"
+# The detached driver's output, its exit status, and the pid of the shell that
+# waits for it (see `driver_command`).
+DRIVER_LOG = "driver.log"
+DRIVER_RC = "driver.rc"
+WRAPPER_PID = "driver_wrapper.pid"
+STATE_MARK = "HYDRA_RAY_DRIVER="
 # The packages staged in PLUGIN_DIR that the jobs import on every node.
 PACKAGES = ("hydra_plugins", "hydra_ray")
 # Written in its working dir by the driver and by `gather` once they have tried to
@@ -94,23 +100,60 @@ def stage_plugin(staged: Path, *, display: bool = True) -> None:
 
 
 def driver_command(remote_tmp: str, code_dir: str | None) -> str:
-    """The shell command, run on the head, that runs the sweep (`main`)."""
+    """The shell command, run on the head, that starts the sweep's driver (`main`)
+    detached from the command's session: it goes on when the launcher, its SSH
+    session or its network goes. It returns at once; `follow_command` shows the
+    driver's output until it ends. The driver's output goes to DRIVER_LOG, its
+    exit status to DRIVER_RC, its wrapper's pid to WRAPPER_PID."""
     tmp = shlex.quote(remote_tmp)
-    return _command(remote_tmp, f"{tmp}/{JOB_SPEC} {tmp}/{RETURNS}", code_dir)
+    driver = _python(remote_tmp, f"{tmp}/{JOB_SPEC} {tmp}/{RETURNS}", code_dir)
+    wrapped = f"echo $$ > {WRAPPER_PID}; {driver}; echo $? > {DRIVER_RC}"
+    return (
+        f"cd {tmp} && rm -f {DRIVER_RC} {WRAPPER_PID} && "
+        f"setsid nohup sh -c {shlex.quote(wrapped)} > {DRIVER_LOG} 2>&1 < /dev/null &"
+    )
+
+
+def follow_command(remote_tmp: str, *, from_start: bool) -> str:
+    """The shell command, run on the head, that streams the driver's output (all
+    of it, or from now on) until the driver ends, and exits with its status (137
+    when it was killed before it could write one). Ends by itself when its SSH
+    session goes; the driver does not."""
+    tmp = shlex.quote(remote_tmp)
+    lines = "+1" if from_start else "0"
+    return (
+        f"cd {tmp} && for _ in $(seq 100); do [ -s {WRAPPER_PID} ] && break; sleep 0.2; done; "
+        f"tail -n {lines} -F --pid=$(cat {WRAPPER_PID}) {DRIVER_LOG} 2>/dev/null; "
+        f"if [ -s {DRIVER_RC} ]; then exit $(cat {DRIVER_RC}); else exit 137; fi"
+    )
+
+
+def driver_state_command(remote_tmp: str) -> str:
+    """The shell command, run on the head, that prints the driver's state after
+    STATE_MARK: `running`, `ended RC`, `killed` (ended without a status) or
+    `gone` (the launch's dir is not there)."""
+    tmp = shlex.quote(remote_tmp)
+    return (
+        f'if [ ! -d {tmp} ]; then echo "{STATE_MARK}gone"; '
+        f'elif [ -s {tmp}/{DRIVER_RC} ]; then echo "{STATE_MARK}ended $(cat {tmp}/{DRIVER_RC})"; '
+        f"elif [ -s {tmp}/{WRAPPER_PID} ] && kill -0 $(cat {tmp}/{WRAPPER_PID}) 2>/dev/null; "
+        f'then echo "{STATE_MARK}running"; else echo "{STATE_MARK}killed"; fi'
+    )
 
 
 def gather_command(remote_tmp: str, sweep_dir: Path) -> str:
     """The shell command, run on the head, that gathers after a failure."""
-    return _command(remote_tmp, f"gather {shlex.quote(str(sweep_dir))}")
+    tmp = shlex.quote(remote_tmp)
+    return f"cd {tmp} && {_python(remote_tmp, f'gather {shlex.quote(str(sweep_dir))}')}"
 
 
-def _command(remote_tmp: str, args: str, code_dir: str | None = None) -> str:
-    """`python -m` the driver with ARGS in the head's temp dir, with the shipped
-    plugin (and the synced code) on its path."""
+def _python(remote_tmp: str, args: str, code_dir: str | None = None) -> str:
+    """`python -m` the driver with ARGS, with the shipped plugin (and the synced
+    code) on its path; run in the head's temp dir."""
     tmp = shlex.quote(remote_tmp)
     pythonpath = f"{tmp}/{PLUGIN_DIR}:" + (f"{shlex.quote(code_dir)}:" if code_dir else "")
     return (
-        f"cd {tmp} && PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 "
+        f"PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1 "
         f"python -m {DRIVER_MODULE} {args}"
     )
 

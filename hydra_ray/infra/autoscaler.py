@@ -130,17 +130,20 @@ class RemoteTmp:
 
 
 @contextmanager
-def remote_temp_dir(cluster: Cluster) -> Iterator[RemoteTmp]:
-    """A temp dir on the head, private to the user (mktemp makes it mode 700),
+def remote_temp_dir(cluster: Cluster, existing: str | None = None) -> Iterator[RemoteTmp]:
+    """A temp dir on the head, private to the user (mktemp makes it mode 700), or
+    the `existing` one an earlier launch made (a resume re-attaches to it);
     removed on exit unless kept (it then holds outputs that are not home).
     Raises ClusterCommandError if the head gives no dir."""
-    out = cluster.run(
-        f'd=$(mktemp -d /tmp/hydra-ray-XXXXXXXX) && echo "{_TMP_MARK}$d"', with_output=True
-    )
-    paths = [line[len(_TMP_MARK) :].strip() for line in out.splitlines() if _TMP_MARK in line]
-    if not paths:
-        raise ClusterCommandError(f"could not make a temp dir on the cluster's head: {out!r}")
-    tmp = RemoteTmp(paths[0])
+    if existing is None:
+        out = cluster.run(
+            f'd=$(mktemp -d /tmp/hydra-ray-XXXXXXXX) && echo "{_TMP_MARK}$d"', with_output=True
+        )
+        paths = [line[len(_TMP_MARK) :].strip() for line in out.splitlines() if _TMP_MARK in line]
+        if not paths:
+            raise ClusterCommandError(f"could not make a temp dir on the cluster's head: {out!r}")
+        existing = paths[0]
+    tmp = RemoteTmp(existing)
     log.info(f"Remote temp dir on the head: {tmp.path}")
     try:
         yield tmp
@@ -166,7 +169,20 @@ class ClusterLifetime:
         self._cluster: Cluster | None = None
         self._stack = ExitStack()
 
-    def get(self, config_file: Path) -> Cluster:
+    def head_runs(self) -> bool:
+        """Whether the cluster's head is up (before `get()`: a resume re-attaches
+        to what an earlier run left on it, and creates nothing for that)."""
+        from ray.autoscaler import sdk
+
+        try:
+            sdk.get_head_node_ip(self._cluster_config)
+        except RuntimeError:  # Ray: "Head node of cluster (NAME) not found!"
+            return False
+        return True
+
+    def get(self, config_file: Path, *, restart: bool = True) -> Cluster:
+        """The cluster, created or updated at the first call; `restart=False`
+        keeps Ray running on it (an earlier run's driver may still run there)."""
         if self._cluster is None:
             # The last resort, for a sweeper that raises after a batch (Hydra then
             # skips on_multirun_end): threading's exit hooks run in reverse order,
@@ -176,7 +192,7 @@ class ClusterLifetime:
 
             threading._register_atexit(self.close)  # type: ignore[attr-defined]
             self._cluster = self._stack.enter_context(
-                cluster_session(self._launcher, self._cluster_config, config_file)
+                cluster_session(self._launcher, self._cluster_config, config_file, restart=restart)
             )
         return self._cluster
 
@@ -201,7 +217,7 @@ def _stop_signals(handler: Any) -> Iterator[None]:
 
 @contextmanager
 def cluster_session(
-    launcher: DictConfig, cluster_config: dict[str, Any], config_file: Path
+    launcher: DictConfig, cluster_config: dict[str, Any], config_file: Path, *, restart: bool = True
 ) -> Iterator[Cluster]:
     """Create or update the cluster, yield it, and on exit tear it down
     (`stop_cluster=true`) or say how to (`stop_cluster=false`, or outputs not
@@ -222,16 +238,19 @@ def cluster_session(
         config_file.write_text(yaml.safe_dump(cluster_config, sort_keys=False))
         try:
             opts = launcher.create_update_cluster
+            # Not restarting Ray wins over the user's restart_only (Ray takes one of them).
+            no_restart = bool(opts.no_restart) or not restart
+            restart_only = bool(opts.restart_only) and restart
             log.info(
-                f"Creating or updating cluster {cluster.name!r} (no_restart={opts.no_restart}, "
-                f"restart_only={opts.restart_only}, no_config_cache={opts.no_config_cache})"
+                f"Creating or updating cluster {cluster.name!r} (no_restart={no_restart}, "
+                f"restart_only={restart_only}, no_config_cache={opts.no_config_cache})"
             )
             # The written file, not the dict: Ray's own hints ("ray down ...") then name
             # a file that exists.
             sdk.create_or_update_cluster(
                 str(config_file),
-                no_restart=opts.no_restart,
-                restart_only=opts.restart_only,
+                no_restart=no_restart,
+                restart_only=restart_only,
                 no_config_cache=opts.no_config_cache,
             )
             yield cluster

@@ -2,12 +2,14 @@
 get a cluster, ship the job spec and the code, run the engine on the head,
 bring the job returns and every job's outputs home."""
 
+import dataclasses
 import json
 import logging
 import os
 import shlex
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -22,15 +24,26 @@ from hydra_ray.checks.validate import (
     validate_cluster_config,
 )
 from hydra_ray.core.errors import ClusterCommandError, DriverError, OutputsNotHomeError
-from hydra_ray.core.jobs import JobOutcome
-from hydra_ray.core.records import RECORD_DIR, move_records_home, moved_home
+from hydra_ray.core.jobs import INTERRUPTED, JobOutcome
+from hydra_ray.core.records import (
+    RECORD_DIR,
+    detached_runs,
+    move_records_home,
+    moved_home,
+    note_detached_run,
+    note_detached_run_home,
+    read_record,
+)
 from hydra_ray.driver.protocol import (
     GATHER_REPORT,
     JOB_SPEC,
     PLUGIN_DIR,
     RETURNS,
+    STATE_MARK,
     JobSpec,
     driver_command,
+    driver_state_command,
+    follow_command,
     gather_command,
     load_outcomes,
     stage_plugin,
@@ -82,16 +95,33 @@ class OnCluster(skeleton.LaunchPath):
         session.lifetime = ClusterLifetime(settings, cluster_config)
 
     def run_batch(self, session: "Session", book: SweepBook, current: Batch) -> list[JobOutcome]:
+        """On a resume, first the outcomes of a driver an earlier run of the sweep
+        started and did not bring home (it may still run); then a driver for the rest."""
         assert session.lifetime is not None
         settings: DictConfig = session.config.hydra.launcher
+        got = _reattach(session.lifetime, settings, book, current) if book.settings.resume else {}
+        outcomes = [got[job.idx] for job in current.to_run if job.idx in got]
+        rest = [job for job in current.to_run if job.idx not in got]
+        if not rest:
+            return outcomes
+        remaining = dataclasses.replace(
+            current, to_run=rest, already_done=current.already_done + len(outcomes)
+        )
         # A job whose ray.remote does not resolve is refused here, before the cluster.
-        spec = build_job_spec(session, book, current, _code_dir(settings.sync_up))
-        return _run_on_cluster(session.lifetime, spec, settings, book.sweep_dir)
+        spec = build_job_spec(session, book, remaining, _code_dir(settings.sync_up))
+        return outcomes + _run_on_cluster(session.lifetime, spec, settings, book)
+
+
+# In the sweep's record dir: each driver this sweep started on a cluster's head,
+# by its temp dir there (see `detached_runs`).
+DRIVERS = "cluster_drivers.json"
 
 
 def _run_on_cluster(
-    lifetime: ClusterLifetime, spec: JobSpec, settings: DictConfig, sweep_dir: Path
+    lifetime: ClusterLifetime, spec: JobSpec, settings: DictConfig, book: SweepBook
 ) -> list[JobOutcome]:
+    sweep_dir = book.sweep_dir
+    jobs = [job.idx for job in spec.jobs]
     with scratch_dir("hydra-ray-cluster") as local_tmp:
         spec_file = local_tmp / JOB_SPEC
         # It holds the app's config and state: for this user only.
@@ -103,23 +133,100 @@ def _run_on_cluster(
             _ship_plugin(cluster, remote_tmp.path, local_tmp)
             _sync_up(cluster, settings.sync_up, remote_tmp.path, local_tmp)
             cluster.rsync_up(str(spec_file), f"{remote_tmp.path}/{JOB_SPEC}")
+            # Noted before it starts: a launcher killed right after leaves a driver
+            # that a resume must find.
+            note_detached_run(sweep_dir, DRIVERS, remote_tmp.path, jobs)
             try:
-                _run_head_driver(cluster, remote_tmp.path, spec.code_dir)
+                cluster.run(driver_command(remote_tmp.path, spec.code_dir))
+                log.info(
+                    "Running the jobs from the cluster's head, in a driver that goes on if "
+                    f"this process or its connection goes: then {book.resume_hint()} "
+                    "follows it again and brings everything home"
+                )
+                _follow(cluster, remote_tmp.path, float(settings.reconnect_s), from_start=True)
             finally:
                 # Whatever finished comes home, also when the driver failed or was stopped.
+                returns = _bring_home_from_head(
+                    cluster, remote_tmp, settings.sync_down, sweep_dir, local_tmp, jobs=jobs
+                )
+            note_detached_run_home(sweep_dir, DRIVERS, remote_tmp.path)
+            return _outcomes_home(returns, settings, sweep_dir, spec.sweep_dir)
+
+
+def _outcomes_home(
+    returns: Path, settings: DictConfig, sweep_dir: Path, head_sweep_dir: str
+) -> list[JobOutcome]:
+    """The driver's outcomes, their output dirs where the outputs are now."""
+    home = _outputs_home(settings.sync_down, sweep_dir)
+    outcomes = load_outcomes(str(returns))
+    if home is None:
+        return outcomes
+    return [moved_home(o, head_sweep_dir, home) for o in outcomes]
+
+
+def _reattach(
+    lifetime: ClusterLifetime, settings: DictConfig, book: SweepBook, current: Batch
+) -> dict[int, JobOutcome]:
+    """The outcomes, by job, of the drivers an earlier run of the sweep started
+    for this batch and did not bring home: each is followed to its end (it may
+    still run) and what it wrote brought home. A job it did not finish is not
+    among them (it runs again). Creates no cluster: one that is gone is said so."""
+    wanted = {job.idx for job in current.to_run}
+    got: dict[int, JobOutcome] = {}
+    for remote_path, noted in detached_runs(book.sweep_dir, DRIVERS).items():
+        jobs = {int(i) for i in noted.get("jobs", [])}
+        if noted.get("home") or not jobs & wanted:
+            continue
+        if not lifetime.head_runs():
+            log.warning(
+                f"The cluster that ran jobs {_nums(jobs)} for an earlier run of this sweep is "
+                "gone: those of them that did not come home run again"
+            )
+            note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
+            continue
+        cluster = lifetime.get(book.sweep_dir / ".hydra" / "ray_cluster.yaml", restart=False)
+        state = _driver_state(cluster, remote_path)
+        if state == "gone":
+            log.warning(
+                f"The head has no {remote_path} of an earlier run of this sweep (jobs "
+                f"{_nums(jobs)}): those of them that did not come home run again"
+            )
+            note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
+            continue
+        log.info(
+            f"Re-attaching to the driver ({state}) an earlier run of this sweep started on "
+            f"the cluster's head for jobs {_nums(jobs)}: its output from the start follows, "
+            "then everything comes home"
+        )
+        with (
+            scratch_dir("hydra-ray-cluster") as local_tmp,
+            remote_temp_dir(cluster, remote_path) as remote_tmp,
+        ):
+            try:
+                _follow(cluster, remote_path, float(settings.reconnect_s), from_start=True)
+            except DriverError as exc:  # stopped or failed: what it finished has its record
+                log.warning(f"{exc} What it finished comes home; the rest runs again")
+            finally:
                 returns = _bring_home_from_head(
                     cluster,
                     remote_tmp,
                     settings.sync_down,
-                    sweep_dir,
+                    book.sweep_dir,
                     local_tmp,
-                    jobs=[job.idx for job in spec.jobs],
+                    jobs=sorted(jobs),
                 )
-            home = _outputs_home(settings.sync_down, sweep_dir)
-            outcomes = load_outcomes(str(returns))
-            if home is None:
-                return outcomes
-            return [moved_home(o, spec.sweep_dir, home) for o in outcomes]
+            note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
+            if returns.is_file():
+                outcomes = _outcomes_home(returns, settings, book.sweep_dir, str(book.sweep_dir))
+            else:
+                found = (read_record(book.sweep_dir, idx) for idx in sorted(jobs))
+                outcomes = [o for o in found if o is not None]
+        got.update((o.idx, o) for o in outcomes if o.idx in wanted and o.status != INTERRUPTED)
+    return got
+
+
+def _nums(jobs: Iterable[int]) -> str:
+    return ", ".join(f"#{i}" for i in sorted(jobs))
 
 
 def _code_dir(sync: DictConfig) -> str | None:
@@ -161,16 +268,50 @@ def _sync_up(cluster: Cluster, sync: DictConfig, remote_tmp: str, local_tmp: Pat
     )
 
 
-def _run_head_driver(cluster: Cluster, remote_tmp: str, code_dir: str | None) -> None:
-    cmd = driver_command(remote_tmp, code_dir)
-    log.info("Running the jobs from the cluster's head")
-    try:
-        cluster.run(cmd)
-    except ClusterCommandError as exc:
-        raise DriverError(
-            f"The driver on the cluster's head failed ({exc}); its output is above. "
-            "Outputs of the jobs that finished were synced down."
-        ) from exc
+def _follow(cluster: Cluster, remote_tmp: str, reconnect_s: float, *, from_start: bool) -> None:
+    """Show the driver's output until it ends. A connection to the head that
+    drops while the driver runs is made again (its output from then on), for up
+    to `reconnect_s` (hydra.launcher.reconnect_s). Raises DriverError when the
+    driver failed or was killed, or the head stayed out of reach (the driver may
+    still run: the resume command follows it)."""
+    lost_since: float | None = None
+    wait = 1.0
+    while True:
+        try:
+            cluster.run(follow_command(remote_tmp, from_start=from_start))
+            return
+        except ClusterCommandError as exc:
+            try:
+                state = _driver_state(cluster, remote_tmp)
+            except ClusterCommandError:
+                state = "unreachable"
+            if state.startswith(("ended", "killed", "gone")):
+                raise DriverError(
+                    f"The driver on the cluster's head failed ({exc}); its output is above. "
+                    "Outputs of the jobs that finished were synced down."
+                ) from exc
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > reconnect_s:
+                raise DriverError(
+                    f"Lost the connection to the cluster's head for {reconnect_s:g} s "
+                    f"(hydra.launcher.reconnect_s; {exc}); the driver there may still run"
+                ) from exc
+            log.warning(
+                f"Lost the driver's output ({exc}); the driver is {state}: "
+                f"following it again in {wait:.0f} s"
+            )
+            time.sleep(wait)
+            wait = min(wait * 2, 15.0)
+            from_start = False
+
+
+def _driver_state(cluster: Cluster, remote_tmp: str) -> str:
+    """`running`, `ended RC`, `killed` or `gone` (see driver_state_command)."""
+    out = cluster.run(driver_state_command(remote_tmp), with_output=True)
+    for line in out.splitlines():
+        if line.startswith(STATE_MARK):
+            return line[len(STATE_MARK) :].strip()
+    raise ClusterCommandError(f"no driver state in the head's answer: {out!r}")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,15 @@ from hydra_ray.checks.validate import (
 from hydra_ray.core.digest import file_digest
 from hydra_ray.core.errors import ConfigError, DriverError, LostDashboardError, OutputsNotHomeError
 from hydra_ray.core.jobs import INTERRUPTED, JobOutcome
-from hydra_ray.core.records import RECORD_DIR, move_records_home, moved_home, read_record
+from hydra_ray.core.records import (
+    RECORD_DIR,
+    detached_runs,
+    move_records_home,
+    moved_home,
+    note_detached_run,
+    note_detached_run_home,
+    read_record,
+)
 from hydra_ray.core.redact import redacted
 from hydra_ray.driver.protocol import (
     BUNDLE_MARK,
@@ -303,7 +311,9 @@ def _run_as_ray_job(
         entrypoint = f"RAY_DEDUP_LOGS=0 python -m {DRIVER_MODULE} jobs {JOB_SPEC} {BUNDLE_PLAN}"
         # Noted before it exists: a launcher killed right after the submission
         # leaves a Ray job that a resume must find.
-        _note_submission(book, submission_id, [job.idx for job in current.to_run], home=False)
+        note_detached_run(
+            book.sweep_dir, SUBMISSIONS, submission_id, [job.idx for job in current.to_run]
+        )
         resources = {
             "entrypoint_num_cpus": settings.entrypoint_num_cpus,
             "entrypoint_num_gpus": settings.entrypoint_num_gpus,
@@ -325,13 +335,13 @@ def _run_as_ray_job(
             raise LostDashboardError(
                 f"Lost the dashboard at {dashboard.address} while submitting the sweep as Ray "
                 f"job {submission_id} ({exc}). When it is reachable again, "
-                f"{_resume_hint(book)} submits it again (or follows it, if it got there)"
+                f"{book.resume_hint()} submits it again (or follows it, if it got there)"
             ) from exc
         log.info(
             f"Submitted the sweep as Ray job {submission_id} to {dashboard.address}; "
             f"follow it with `ray job logs -f {submission_id} --address {dashboard.address}`. "
             "If this process ends or loses the dashboard, the sweep goes on on the cluster: "
-            f"{_resume_hint(book)} follows it again and brings its results home"
+            f"{book.resume_hint()} follows it again and brings its results home"
         )
         returns = _follow_home(client, dashboard, submission_id, settings, book, tmp)
         if returns is None:
@@ -385,7 +395,7 @@ def _follow_home(
         raise LostDashboardError(
             f"Lost the dashboard at {dashboard.address} while following Ray job "
             f"{submission_id} ({exc}): the sweep goes on on the cluster. When the dashboard "
-            f"is reachable again, {_resume_hint(book)} follows it again and brings its "
+            f"is reachable again, {book.resume_hint()} follows it again and brings its "
             "results home"
         ) from exc
     where = _bundle_location(logs)
@@ -393,7 +403,9 @@ def _follow_home(
         logs = client.get_job_logs(submission_id)
         where = _bundle_location(logs)
     if where is None:  # its driver ended before packing anything
-        _note_home(book, submission_id)  # nothing to fetch: a resume runs its jobs anew
+        note_detached_run_home(
+            book.sweep_dir, SUBMISSIONS, submission_id
+        )  # nothing to fetch: a resume runs its jobs anew
         raise _no_results(client, dashboard, submission_id, logs)
     return _home_and_clean(client, dashboard, submission_id, where, settings, book, tmp)
 
@@ -409,7 +421,7 @@ def _home_and_clean(
 ) -> Path | None:
     """Bring the pack home, note it, then remove the cluster's copies."""
     returns = _bring_pack_home(dashboard, where, settings, book, tmp)
-    _note_home(book, submission_id)
+    note_detached_run_home(book.sweep_dir, SUBMISSIONS, submission_id)
     assert where is not None  # _bring_pack_home raised otherwise
     _clean_cluster(client, submission_id, where, settings)
     return returns
@@ -463,45 +475,8 @@ def _clean_cluster(
     )
 
 
-def _resume_hint(book: SweepBook) -> str:
-    return (
-        f"the same command with hydra.sweep.dir={book.sweep_dir.resolve()} "
-        "hydra.launcher.resume=true"
-    )
-
-
-# In the sweep's record dir: each Ray job this sweep submitted, {submission id:
-# {"jobs": [idx, ...], "home": bool}}, so that a resume finds one whose results
-# did not come home (the launcher was killed, the port-forward closed).
+# In the sweep's record dir: each Ray job this sweep submitted (see `detached_runs`).
 SUBMISSIONS = "ray_jobs.json"
-
-
-def _submissions(book: SweepBook) -> dict[str, dict[str, Any]]:
-    path = book.sweep_dir / RECORD_DIR / SUBMISSIONS
-    try:
-        found = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except ValueError as exc:  # cut by a kill mid-write: what it held is lost
-        log.warning(f"Cannot read {path} ({exc}): no earlier Ray job is followed again")
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
-def _note_submission(book: SweepBook, submission_id: str, jobs: list[int], *, home: bool) -> None:
-    noted = _submissions(book)
-    noted[submission_id] = {"jobs": jobs, "home": home}
-    path = book.sweep_dir / RECORD_DIR / SUBMISSIONS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_suffix(".part")
-    part.write_text(json.dumps(noted, indent=1))
-    os.replace(part, path)
-
-
-def _note_home(book: SweepBook, submission_id: str) -> None:
-    noted = _submissions(book).get(submission_id)
-    jobs = [int(i) for i in noted["jobs"]] if noted else []
-    _note_submission(book, submission_id, jobs, home=True)
 
 
 def _reattach(
@@ -517,7 +492,7 @@ def _reattach(
     settings = session.config.hydra.launcher
     wanted = {job.idx for job in current.to_run}
     got: dict[int, JobOutcome] = {}
-    for submission_id, noted in _submissions(book).items():
+    for submission_id, noted in detached_runs(book.sweep_dir, SUBMISSIONS).items():
         jobs = {int(i) for i in noted.get("jobs", [])}
         if noted.get("home") or not jobs & wanted:
             continue

@@ -101,6 +101,13 @@ class SweepBook:
     """What a launcher keeps across the batches of one multirun: every job's
     outcome so far and the jobs' overrides, in its sweep dir."""
 
+    def resume_hint(self) -> str:
+        """The command that continues this sweep, as a user types it."""
+        return (
+            f"the same command with hydra.sweep.dir={self.sweep_dir.resolve()} "
+            "hydra.launcher.resume=true"
+        )
+
     def __init__(self, sweep_dir: Path, task_overrides: Sequence[str], settings: SweepSettings):
         self.sweep_dir = sweep_dir
         self.task_overrides = list(task_overrides)
@@ -340,9 +347,7 @@ def _summarise(book: SweepBook, batch: Sequence[Job], *, interrupted: bool) -> N
     if interrupted or not_done:
         again = "the jobs that did not succeed" if not interrupted else "the rest of the sweep"
         log.warning(
-            f"To run {again}: run the same command with "
-            f"hydra.sweep.dir={book.sweep_dir.resolve()} hydra.launcher.resume=true "
-            f"(records in {book.sweep_dir / RECORD_DIR})"
+            f"To run {again}: run {book.resume_hint()} (records in {book.sweep_dir / RECORD_DIR})"
         )
     sys.stdout.flush()
 

@@ -2,6 +2,7 @@
 cluster it created is torn down on every path, and what finished comes home."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ..cluster_harness.fake_hosts import FakeHosts, launcher_env, thread_pool_teardown_env
-from .test_cluster_launcher import REPO, _cluster_yaml, _no_leftovers, _run_test_app
+from .test_cluster_launcher import REPO, _cluster_yaml, _no_leftovers, _run, _run_test_app
 
 
 class RunningApp:
@@ -180,3 +181,103 @@ def test_batched_sweeper_creates_the_cluster_once_and_tears_it_down_after_the_la
     for num in range(4):
         assert (sweep / str(num) / f"done_{num}.json").is_file()
     _no_leftovers(fake_hosts)
+
+
+def test_a_killed_launcher_leaves_the_jobs_running_and_a_resume_brings_them_home(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    """kill -9 of the launching process mid-sweep (no handler runs, as when the
+    laptop's lid closes): the driver on the head goes on with the jobs; the same
+    command with resume=true follows it again, brings every output home, runs
+    no job twice and tears the cluster down."""
+    sweep = tmp_path / "sweep"
+    args = [
+        "x=1,2,3",
+        "seconds=0.5",
+        "slow_first=[2,3]",
+        "slow_seconds=20",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'kil')}",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    run = RunningApp(fake_hosts, tmp_path, *args)
+    worker_sweep = fake_hosts.host_path("worker", sweep)
+    try:
+        run.wait_for("follows it again and brings everything home")
+        deadline = time.monotonic() + 120
+        while not (worker_sweep / "2" / "started_2").is_file():
+            assert time.monotonic() < deadline, run.output
+            time.sleep(0.5)
+        # The launcher and its ssh sessions to the head, as when the laptop goes.
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.wait()
+        # Without the launcher, the slow jobs still end (and the driver gathers
+        # what they wrote on the worker onto the head).
+        head_sweep = fake_hosts.host_path("head", sweep)
+        while not (head_sweep / "2" / "done_2.json").is_file():
+            assert time.monotonic() < deadline + 60, run.output
+            time.sleep(0.5)
+        assert not (sweep / "2" / "done_2.json").exists()
+        res = _run(
+            fake_hosts,
+            tmp_path,
+            tmp_path / "app",
+            "app.py",
+            "--multirun",
+            *args,
+            "hydra.launcher.resume=true",
+        )
+        assert res.returncode == 0, res.stdout
+        assert "Re-attaching to the driver (" in res.stdout, res.stdout
+        for num in range(3):
+            assert (sweep / str(num) / f"done_{num}.json").is_file(), res.stdout
+            assert len((sweep / str(num) / f"runs_{num}").read_text().split()) == 1, num
+        summary = json.loads((sweep / "sweep_summary.json").read_text())
+        assert [j["status"] for j in summary["jobs"]] == ["succeeded"] * 3
+        assert [j["return_value"] for j in summary["jobs"]] == [10, 20, 30]
+        assert "Deleted the cluster" in res.stdout, res.stdout
+        _no_leftovers(fake_hosts)
+    finally:
+        run.kill()
+        fake_hosts.kill_leftovers()
+
+
+def test_a_lost_connection_to_the_head_is_made_again_and_the_sweep_ends_as_usual(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    """The ssh session that shows the driver's output dies mid-sweep (a network
+    blip): the launcher says so, follows the driver again, and the sweep ends as
+    if nothing happened: every output home, each job run once, no cluster left."""
+    sweep = tmp_path / "sweep"
+    run = RunningApp(
+        fake_hosts,
+        tmp_path,
+        "x=1,2",
+        "seconds=0.5",
+        "slow_first=[2]",
+        "slow_seconds=15",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'rec')}",
+        f"hydra.sweep.dir={sweep}",
+    )
+    try:
+        run.wait_for("#1 : x=2 seconds=0.5 slow_first=[2] slow_seconds=15 started on")
+        # The launcher's ssh client that runs the follow command on the head.
+        followers = subprocess.run(
+            ["pgrep", "-s", str(run.proc.pid), "-f", "^ssh .*tail -n"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert followers, run.output
+        for pid in followers:
+            os.kill(int(pid), signal.SIGKILL)
+        assert run.wait() == 0, run.output
+        assert "Lost the driver's output" in run.output, run.output
+        for num in range(2):
+            assert (sweep / str(num) / f"done_{num}.json").is_file(), run.output
+            assert len((sweep / str(num) / f"runs_{num}").read_text().split()) == 1, num
+        assert "Deleted the cluster" in run.output, run.output
+        _no_leftovers(fake_hosts)
+    finally:
+        run.kill()
+        fake_hosts.kill_leftovers()
