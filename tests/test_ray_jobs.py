@@ -297,7 +297,8 @@ def test_a_resume_after_the_launcher_was_lost_follows_the_ray_job_again(
     sweep_args = ("x=1,2,3,4", "seconds=3", f"out={runs}")
     with port_forward(head_dashboard_port) as port:
         dashboard = f"http://127.0.0.1:{port}"
-        run = Launching(dashboard, tmp_path, *sweep_args)
+        # Reconnects for 3 s only: the port-forward stays closed longer.
+        run = Launching(dashboard, tmp_path, *sweep_args, "hydra.launcher.reconnect_s=3")
         run.wait_for(lambda out: "started on" in out)
         if lost != "port-forward closed":
             out = run.end(signal.SIGKILL)  # kill -9: no Ctrl-C handler, nothing brought home
@@ -305,6 +306,7 @@ def test_a_resume_after_the_launcher_was_lost_follows_the_ray_job_again(
         assert run.proc.wait(timeout=120) != 0, run.output
         out = run.end(signal.SIGKILL)
         assert f"Lost the dashboard at {dashboard} while following Ray job" in out, out
+        assert "tried again for 3 s, hydra.launcher.reconnect_s" in out, out
         assert "the sweep goes on on the cluster" in out and "Traceback" not in out
     assert "hydra.launcher.resume=true follows it again" in out, out
     # A kill -9 runs no cleanup: the launcher's scratch dir (its staged package) stays...
@@ -318,6 +320,32 @@ def test_a_resume_after_the_launcher_was_lost_follows_the_ray_job_again(
         )
     # ... until the next launch.
     assert list(Path(tempfile.gettempdir()).glob(scratch)) == []
+
+
+def test_a_port_forward_restarted_mid_sweep_is_followed_again_by_the_same_run(
+    head_dashboard_port: int, tmp_path: Path
+) -> None:
+    """The port-forward closes mid-sweep and comes back on the same port (as
+    `kubectl port-forward` restarted): the launcher follows the Ray job again by
+    itself, shows no line twice, and the sweep ends as usual."""
+    runs = tmp_path / "runs"
+    with port_forward(head_dashboard_port) as port:
+        dashboard = f"http://127.0.0.1:{port}"
+        run = Launching(dashboard, tmp_path, "x=1,2,3,4", "seconds=3", f"out={runs}")
+        run.wait_for(lambda out: "started on" in out)
+    time.sleep(2)
+    with port_forward(head_dashboard_port, listen_port=port):
+        assert run.proc.wait(timeout=180) == 0, run.output
+    out = run.end(signal.SIGKILL)
+    assert f"Lost the dashboard at {dashboard}" in out and "following Ray job" in out, out
+    assert "again in 1 s" in out, out
+    assert [len((runs / f"runs_{n}").read_text().split()) for n in range(4)] == [1] * 4
+    # Each job's start is shown once: the lines before the drop not again.
+    started = [line for line in out.splitlines() if " started on " in line]
+    assert len(started) == len(set(started)) == 4, out
+    sweep = tmp_path / "sweep"
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [j["status"] for j in summary["jobs"]] == ["succeeded"] * 4
 
 
 def _resume_follows_the_ray_job(

@@ -456,6 +456,10 @@ class RayJobsLauncherConf(SweepRunConf):
     # Seconds to wait for the cluster's job agent when the dashboard answers "No
     # available agent to submit job" (a head just up), before the launcher gives up.
     agent_wait_s: float = 20
+    # Seconds a lost connection to the dashboard (a port-forward restarted, a network
+    # blip) is made again while the Ray job runs; then the launcher stops with the
+    # resume command.
+    reconnect_s: float = 120.0
 
 
 def ray_pkg_version(name: str) -> str:

@@ -435,16 +435,7 @@ def cluster_launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
             )
         )
     problems += source_dir_problems(launcher_cfg.sync_up.source_dir)
-    reconnect = launcher_cfg.get("reconnect_s")
-    if not _positive_seconds(reconnect):
-        shown = f"{reconnect:g}" if isinstance(reconnect, (int, float)) else reconnect
-        problems.append(
-            ConfigError(
-                f"hydra.launcher.reconnect_s={shown} is not valid: set it to the seconds "
-                "a lost connection to the cluster's head is made again while its driver runs "
-                "(default 120)"
-            )
-        )
+    problems += reconnect_problems(launcher_cfg)
     missing = [tool for tool in ("rsync", "ssh") if shutil.which(tool) is None]
     if missing:
         problems.append(
@@ -506,3 +497,18 @@ def _positive_seconds(value: Any) -> bool:
         and math.isfinite(value)
         and value > 0
     )
+
+
+def reconnect_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+    """`hydra.launcher.reconnect_s` (cluster launchers, ray_jobs) that cannot work."""
+    reconnect = launcher_cfg.get("reconnect_s")
+    if _positive_seconds(reconnect):
+        return []
+    shown = f"{reconnect:g}" if isinstance(reconnect, (int, float)) else reconnect
+    return [
+        ConfigError(
+            f"hydra.launcher.reconnect_s={shown} is not valid: set it to the seconds a lost "
+            "connection to the cluster is made again while the sweep's driver runs there "
+            "(default 120)"
+        )
+    ]

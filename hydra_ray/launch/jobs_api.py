@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from hydra_ray.checks.validate import (
     plain_dict,
+    reconnect_problems,
     refuse,
     source_dir_problems,
     sweep_problems,
@@ -226,6 +227,7 @@ def dashboard_problems(settings: DictConfig) -> list[ConfigError]:
                 "wait for the cluster's job agent to come up (a finite number >= 0)"
             )
         )
+    problems += reconnect_problems(settings)
     stop_wait, grace = settings.stop_wait_s, settings.get("stop_grace_s", 10.0)
     numbers = isinstance(grace, (int, float)) and isinstance(stop_wait, (int, float))
     if numbers and stop_wait < grace + 5:
@@ -383,7 +385,9 @@ def _follow_home(
     driver wrote none. Raises DriverError (no pack), OutputsNotHomeError,
     LostDashboardError."""
     try:
-        logs = _follow(client, submission_id)
+        logs = _follow_reconnecting(
+            client, dashboard, submission_id, float(settings.reconnect_s), book
+        )
     except KeyboardInterrupt:
         log.warning(f"Ctrl-C: stopping Ray job {submission_id} (its jobs are cancelled)")
         client.stop_job(submission_id)
@@ -391,13 +395,6 @@ def _follow_home(
         where = _bundle_location(client.get_job_logs(submission_id))
         _home_and_clean(client, dashboard, submission_id, where, settings, book, tmp)
         raise
-    except _lost() as exc:
-        raise LostDashboardError(
-            f"Lost the dashboard at {dashboard.address} while following Ray job "
-            f"{submission_id} ({exc}): the sweep goes on on the cluster. When the dashboard "
-            f"is reachable again, {book.resume_hint()} follows it again and brings its "
-            "results home"
-        ) from exc
     where = _bundle_location(logs)
     if where is None:  # the job ended without one: its last words
         logs = client.get_job_logs(submission_id)
@@ -681,9 +678,43 @@ def _runtime_env(settings: DictConfig, package: Path, code: bool) -> dict[str, A
 _LAST_LINES_S = 2.0
 
 
-def _follow(client: Any, submission_id: str) -> str:
+def _follow_reconnecting(
+    client: Any, dashboard: Dashboard, submission_id: str, reconnect_s: float, book: SweepBook
+) -> str:
+    """`_follow`, made again when the connection to the dashboard drops (a
+    port-forward restarted, a network blip): with backoff, for `reconnect_s`
+    (hydra.launcher.reconnect_s), showing only the lines not shown yet. Raises
+    LostDashboardError when the dashboard stays out of reach."""
+    shown = 0
+    lost_since: float | None = None
+    wait = 1.0
+    while True:
+        try:
+            return _follow(client, submission_id, skip=shown)
+        except _lost() as exc:
+            shown = max(shown, getattr(exc, "shown", 0))
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > reconnect_s:
+                raise LostDashboardError(
+                    f"Lost the dashboard at {dashboard.address} while following Ray job "
+                    f"{submission_id} ({exc}; tried again for {reconnect_s:g} s, "
+                    "hydra.launcher.reconnect_s): the sweep goes on on the cluster. When the "
+                    f"dashboard is reachable again, {book.resume_hint()} follows it again and "
+                    "brings its results home"
+                ) from exc
+            log.warning(
+                f"Lost the dashboard at {dashboard.address} ({exc}): following Ray job "
+                f"{submission_id} again in {wait:.0f} s"
+            )
+            time.sleep(wait)
+            wait = min(wait * 2, 15.0)
+
+
+def _follow(client: Any, submission_id: str, skip: int = 0) -> str:
     """Stream the job's log here until it ends, or until the driver said where
-    its pack is and the last lines came; the log."""
+    its pack is and the last lines came; the log. The first `skip` characters
+    were shown by an earlier follow: not again. A dropped connection raises
+    (one of `_lost()`) with `shown`: how many characters are shown now."""
     seen: list[str] = []
     pending = ""
 
@@ -698,8 +729,10 @@ def _follow(client: Any, submission_id: str) -> str:
                 )
             except (StopAsyncIteration, asyncio.TimeoutError):
                 return
+            before = sum(map(len, seen))
             seen.append(chunk)
-            pending += chunk
+            new = chunk[max(0, skip - before) :]
+            pending += new
             *lines, pending = pending.split("\n")
             for line in lines:
                 if line.startswith(BUNDLE_MARK):
@@ -712,7 +745,12 @@ def _follow(client: Any, submission_id: str) -> str:
         # Ray's client passes aiohttp ssl=None for a verified connection, which
         # aiohttp 3.10+ warns of at every follow: not the user's to fix.
         warnings.filterwarnings("ignore", "ssl=None is deprecated", DeprecationWarning)
-        asyncio.run(tail())
+        try:
+            asyncio.run(tail())
+        except _lost() as exc:
+            # Shown: every complete line (`pending`, the part of a line, is not).
+            exc.shown = max(skip, sum(map(len, seen)) - len(pending))  # type: ignore[attr-defined]
+            raise
     if pending and not pending.startswith(BUNDLE_MARK):
         sys.stdout.write(pending + "\n")
     return "".join(seen)
