@@ -154,6 +154,15 @@ def gather_outputs(
         left = []
         for part, packed in packs:
             problem = _bring(part, packed, sweep_dir, jobs_cwd, cwd_is_ours)
+            if problem is not None and not part.winning and not _alive(part.node_id):
+                # Only attempts that ran again elsewhere wrote there: their jobs'
+                # recorded attempts' files came from where those ran.
+                log.warning(
+                    f"Node {part.node} is gone ({problem.error}); it held only files of "
+                    f"attempts whose jobs ran again on other nodes ({', '.join(problem.paths)}): "
+                    "the recorded attempts' files came from there, nothing of them is lost"
+                )
+                continue
             if problem is not None:
                 left.append(problem)
                 log.error(
@@ -164,6 +173,13 @@ def gather_outputs(
         return left
     finally:
         marker.unlink(missing_ok=True)
+
+
+def _alive(node_id: str) -> bool:
+    """Whether Ray counts the node alive (a node whose Ray died is not)."""
+    import ray
+
+    return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())  # type: ignore[no-untyped-call]
 
 
 def _pinned(fn: Callable[..., Any]) -> Callable[[str], Any]:

@@ -13,8 +13,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+import yaml
 
-from ..cluster_harness.fake_hosts import FakeHosts, launcher_env, thread_pool_teardown_env
+from ..cluster_harness.fake_hosts import (
+    FakeHosts,
+    launcher_env,
+    thread_pool_teardown_env,
+    unique_cluster_name,
+)
 from .test_cluster_launcher import REPO, _cluster_yaml, _no_leftovers, _run, _run_test_app
 
 
@@ -278,6 +284,47 @@ def test_a_lost_connection_to_the_head_is_made_again_and_the_sweep_ends_as_usual
             assert len((sweep / str(num) / f"runs_{num}").read_text().split()) == 1, num
         assert "Deleted the cluster" in run.output, run.output
         _no_leftovers(fake_hosts)
+    finally:
+        run.kill()
+        fake_hosts.kill_leftovers()
+
+
+def test_a_worker_whose_ray_dies_mid_sweep_is_no_reason_to_keep_the_cluster(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    """A worker's Ray killed while its jobs run: Ray runs them again on the head,
+    every job succeeds and its files come home. The dead worker held only the
+    killed attempts' files: the run says so, exits 0 and tears the cluster down."""
+    config = fake_hosts.local_cluster_config(
+        unique_cluster_name("wdie"),
+        num_cpus=2,
+        head_args=["--num-cpus=1", "--include-dashboard=false"],
+    )
+    cluster_yaml = tmp_path / "cluster.yaml"
+    cluster_yaml.write_text(yaml.safe_dump(config))
+    sweep = tmp_path / "sweep"
+    run = RunningApp(
+        fake_hosts,
+        tmp_path,
+        "x=1,2,3",
+        "seconds=15",
+        "hydra.launcher.ray.remote.max_retries=2",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={cluster_yaml}",
+        f"hydra.sweep.dir={sweep}",
+    )
+    try:
+        run.wait_for("started on 127.0.0.3")
+        killed = fake_hosts.run_on_host("worker", ["pkill", "-KILL", "-f", "raylet"])
+        assert killed.returncode == 0
+        assert run.wait(timeout=300) == 0, run.output
+        summary = json.loads((sweep / "sweep_summary.json").read_text())
+        assert [j["status"] for j in summary["jobs"]] == ["succeeded"] * 3, run.output
+        for num in range(3):
+            assert (sweep / str(num) / f"done_{num}.json").is_file(), run.output
+        assert "Node 127.0.0.3 is gone" in run.output, run.output
+        assert "NOT ALL OUTPUTS ARE HOME" not in run.output
+        assert "Deleted the cluster" in run.output, run.output
     finally:
         run.kill()
         fake_hosts.kill_leftovers()
