@@ -57,6 +57,9 @@ class SweepState:
     # qualname): cloudpickle ships some by value (the app's script's, local ones),
     # naming their code "<dynamic-code>", and the jobs' tracebacks need the name.
     code_files: dict[tuple[str, str], str]
+    # Where the jobs write instead of their config's hydra.sweep.dir: on a cluster,
+    # when that is an absolute path of the launching machine. None: as configured.
+    sweep_dir: str | None = None
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ DRIVER_LOG = "driver.log"
 DRIVER_RC = "driver.rc"
 WRAPPER_PID = "driver_wrapper.pid"
 STATE_MARK = "HYDRA_RAY_DRIVER="
+# Where a sweep whose hydra.sweep.dir is absolute (a path of the launching
+# machine) lives on the cluster: relative to the driver's working dir, like a
+# relative one, so that nothing is written, or left, outside it on the nodes.
+HEAD_SWEEP_DIR = "sweep"
 # The packages staged in PLUGIN_DIR that the jobs import on every node.
 PACKAGES = ("hydra_plugins", "hydra_ray")
 # Written in its working dir by the driver and by `gather` once they have tried to
@@ -78,6 +82,12 @@ class JobSpec:
     width: int | None
     # Jobs of the batch taken from an earlier run (resume): for the progress counts.
     already_done: int
+
+
+def sweep_dir_on_cluster(sweep_dir: str) -> str:
+    """The sweep dir as the jobs on the cluster name it (relative to the head
+    driver's working dir): hydra.sweep.dir if relative, else HEAD_SWEEP_DIR."""
+    return HEAD_SWEEP_DIR if Path(sweep_dir).is_absolute() else sweep_dir
 
 
 def stage_plugin(staged: Path, *, display: bool = True) -> None:

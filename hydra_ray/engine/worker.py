@@ -297,6 +297,8 @@ class _Prepared:
                     # As composed where the sweep was launched (get_original_cwd(), as
                     # Hydra's launchers give it), not in this node's working dir.
                     config.hydra.runtime.cwd = state.config.hydra.runtime.cwd
+                if state.sweep_dir is not None:
+                    config.hydra.sweep.dir = state.sweep_dir
             HydraConfig.instance().set_config(config)
         except Exception as exc:  # composing the config failed: the job never runs
             config, error = None, exc

@@ -47,6 +47,7 @@ from hydra_ray.driver.protocol import (
     gather_command,
     load_outcomes,
     stage_plugin,
+    sweep_dir_on_cluster,
 )
 from hydra_ray.engine.worker import dumps_for_cluster
 from hydra_ray.infra.autoscaler import (
@@ -109,6 +110,10 @@ class OnCluster(skeleton.LaunchPath):
         )
         # A job whose ray.remote does not resolve is refused here, before the cluster.
         spec = build_job_spec(session, book, remaining, _code_dir(settings.sync_up))
+        there = sweep_dir_on_cluster(spec.sweep_dir)
+        if there != spec.sweep_dir:  # a path of this machine: in the head's temp dir
+            state = dataclasses.replace(spec.state, sweep_dir=there)
+            spec = dataclasses.replace(spec, sweep_dir=there, state=state)
         return outcomes + _run_on_cluster(session.lifetime, spec, settings, book)
 
 
@@ -154,14 +159,15 @@ def _run_on_cluster(
 
 
 def _outcomes_home(
-    returns: Path, settings: DictConfig, sweep_dir: Path, head_sweep_dir: str
+    returns: Path, settings: DictConfig, sweep_dir: Path, given: str
 ) -> list[JobOutcome]:
-    """The driver's outcomes, their output dirs where the outputs are now."""
+    """The driver's outcomes, their output dirs where the outputs are now
+    (`given`: the sweep dir as the jobs on the cluster named it)."""
     home = _outputs_home(settings.sync_down, sweep_dir)
     outcomes = load_outcomes(str(returns))
     if home is None:
         return outcomes
-    return [moved_home(o, head_sweep_dir, home) for o in outcomes]
+    return [moved_home(o, given, home) for o in outcomes]
 
 
 def _reattach(
@@ -217,7 +223,9 @@ def _reattach(
                 )
             note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
             if returns.is_file():
-                outcomes = _outcomes_home(returns, settings, book.sweep_dir, str(book.sweep_dir))
+                outcomes = _outcomes_home(
+                    returns, settings, book.sweep_dir, sweep_dir_on_cluster(str(book.sweep_dir))
+                )
             else:
                 found = (read_record(book.sweep_dir, idx) for idx in sorted(jobs))
                 outcomes = [o for o in found if o is not None]
@@ -372,7 +380,7 @@ def _bring_home_from_head(
         pending.remove(records)
         home = _outputs_home(sync, sweep_dir)
         if home is not None:  # the records say where the jobs wrote on the head: now here
-            move_records_home(sweep_dir, jobs, str(sweep_dir), home)
+            move_records_home(sweep_dir, jobs, sweep_dir_on_cluster(str(sweep_dir)), home)
         if _head_has(cluster, f"{remote_tmp.path}/{RETURNS}"):
             cluster.rsync_down(f"{remote_tmp.path}/{RETURNS}", str(returns))
         log.info(f"Bringing home the outputs: the head's {source} to {target}")
@@ -430,7 +438,7 @@ def _keep(
     commands = [t.command(cluster) for t in pending]
     if gather:
         # First onto the head what is still on other nodes.
-        gather_cmd = gather_command(remote_tmp.path, sweep_dir)
+        gather_cmd = gather_command(remote_tmp.path, Path(sweep_dir_on_cluster(str(sweep_dir))))
         config = str(cluster.config_file.resolve())
         commands.insert(0, shlex.join(["ray", "exec", config, gather_cmd]))
     cluster.keep_for(Leftovers(what=what, commands=commands, interrupted=interrupted))
@@ -445,7 +453,7 @@ def _gathered(cluster: Cluster, remote_tmp: str, sweep_dir: Path) -> str:
     if report is None or not report.get("complete"):
         log.warning("Gathering the outputs of the jobs that finished on the cluster's nodes")
         try:
-            cluster.run(gather_command(remote_tmp, sweep_dir))
+            cluster.run(gather_command(remote_tmp, Path(sweep_dir_on_cluster(str(sweep_dir)))))
         except ClusterCommandError as exc:
             log.error(f"Could not gather the outputs on the cluster's nodes: {exc}")
         report = _gather_report(cluster, remote_tmp)
@@ -481,4 +489,5 @@ def _head_has(cluster: Cluster, path: str) -> bool:
 
 
 def _head_sweep_dir(remote_tmp: str, sweep_dir: Path) -> str:
-    return str(sweep_dir) if sweep_dir.is_absolute() else f"{remote_tmp}/{sweep_dir}"
+    """The sweep dir on the head: always in the launch's temp dir there."""
+    return f"{remote_tmp}/{sweep_dir_on_cluster(str(sweep_dir))}"

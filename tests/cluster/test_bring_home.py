@@ -13,6 +13,9 @@ from hydra_ray.infra.autoscaler import Cluster, RemoteTmp
 from hydra_ray.launch.cluster import _bring_home_from_head
 
 HEAD_TMP = "/tmp/hydra-ray-abc"
+# The sweep dirs below are absolute (paths of the launching machine): on the head
+# the sweep lives in the launch's temp dir.
+HEAD_SWEEP = f"{HEAD_TMP}/sweep"
 
 
 class StandInCluster(Cluster):
@@ -55,8 +58,11 @@ def test_a_complete_gather_report_lets_everything_come_home_and_the_cluster_go(
 ) -> None:
     cluster = StandInCluster(tmp_path, [{"complete": True, "left": []}])
     remote = _bring(cluster, tmp_path)
-    sweep = tmp_path / "sweep"
-    assert cluster.downloads == [f"{sweep}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl", f"{sweep}/"]
+    assert cluster.downloads == [
+        f"{HEAD_SWEEP}/.hydra_ray/",
+        f"{HEAD_TMP}/returns.pkl",
+        f"{HEAD_SWEEP}/",
+    ]
     assert cluster.leftovers is None and not remote.kept
     assert not any("hydra_ray.driver.head gather" in c for c in cluster.commands)
 
@@ -85,10 +91,12 @@ def test_a_failed_transfer_of_the_outputs_keeps_them_after_the_records_came_home
     tmp_path: Path,
 ) -> None:
     sweep = tmp_path / "sweep"
-    cluster = StandInCluster(tmp_path, [{"complete": True, "left": []}], failing=f"{sweep}/")
+    cluster = StandInCluster(tmp_path, [{"complete": True, "left": []}], failing=f"{HEAD_SWEEP}/")
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError, match="the outputs did not come home"):
         _bring_home_from_head(cluster, remote, OmegaConf.structured(RsyncConf), sweep, tmp_path)
-    assert cluster.downloads == [f"{sweep}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl"]
+    assert cluster.downloads == [f"{HEAD_SWEEP}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl"]
     assert remote.kept and cluster.leftovers is not None
-    assert cluster.leftovers.commands == [f"ray rsync-down {cluster.config_file} {sweep}/ {sweep}/"]
+    assert cluster.leftovers.commands == [
+        f"ray rsync-down {cluster.config_file} {HEAD_SWEEP}/ {sweep}/"
+    ]

@@ -79,6 +79,12 @@ class RunningApp:
             self.proc.wait()
 
 
+def _on_host(hosts: FakeHosts, host: str, name: str) -> list[Path]:
+    """A file of the sweep's jobs on a host: on a cluster the sweep dir (absolute
+    here, a path of the launching machine) lives in the launch's temp dir."""
+    return list(hosts.host_path(host, "/tmp").glob(f"hydra-ray-*/sweep/{name}"))
+
+
 @pytest.fixture
 def sleepy_sweep(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[RunningApp]:
     """Four jobs on the fake cluster's worker: #0 and #1 finish at once, #2 and #3
@@ -97,8 +103,7 @@ def sleepy_sweep(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[RunningApp]:
     try:
         run.wait_for("Running the jobs from the cluster's head")
         deadline = time.monotonic() + 120
-        worker_sweep = fake_hosts.host_path("worker", tmp_path / "sweep")
-        while "[2/4]" not in run.output or not list(worker_sweep.glob("2/started_2")):
+        while "[2/4]" not in run.output or not _on_host(fake_hosts, "worker", "2/started_2"):
             assert time.monotonic() < deadline, run.output
             time.sleep(0.5)
         yield run
@@ -124,9 +129,7 @@ def _finished_jobs_came_home(fake_hosts: FakeHosts, run: RunningApp) -> None:
     ]
     assert f"hydra.sweep.dir={sweep} hydra.launcher.resume=true" in run.output
     assert "Stopping cluster" in run.output and "Deleted the cluster" in run.output
-    for host in ("head", "worker"):
-        assert list(fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*")) == [], host
-        assert fake_hosts.wait_no_ray_processes(host, timeout=60) == [], host
+    _no_leftovers(fake_hosts, sweep)
 
 
 def test_killed_remote_driver_fails_the_sweep_and_tears_down(
@@ -186,7 +189,7 @@ def test_batched_sweeper_creates_the_cluster_once_and_tears_it_down_after_the_la
     _torn_down_while_python_was_alive(res.stdout)
     for num in range(4):
         assert (sweep / str(num) / f"done_{num}.json").is_file()
-    _no_leftovers(fake_hosts)
+    _no_leftovers(fake_hosts, sweep)
 
 
 def test_a_killed_launcher_leaves_the_jobs_running_and_a_resume_brings_them_home(
@@ -207,11 +210,10 @@ def test_a_killed_launcher_leaves_the_jobs_running_and_a_resume_brings_them_home
         f"hydra.sweep.dir={sweep}",
     ]
     run = RunningApp(fake_hosts, tmp_path, *args)
-    worker_sweep = fake_hosts.host_path("worker", sweep)
     try:
         run.wait_for("follows it again and brings everything home")
         deadline = time.monotonic() + 120
-        while not (worker_sweep / "2" / "started_2").is_file():
+        while not _on_host(fake_hosts, "worker", "2/started_2"):
             assert time.monotonic() < deadline, run.output
             time.sleep(0.5)
         # The launcher and its ssh sessions to the head, as when the laptop goes.
@@ -219,8 +221,7 @@ def test_a_killed_launcher_leaves_the_jobs_running_and_a_resume_brings_them_home
         run.wait()
         # Without the launcher, the slow jobs still end (and the driver gathers
         # what they wrote on the worker onto the head).
-        head_sweep = fake_hosts.host_path("head", sweep)
-        while not (head_sweep / "2" / "done_2.json").is_file():
+        while not _on_host(fake_hosts, "head", "2/done_2.json"):
             assert time.monotonic() < deadline + 60, run.output
             time.sleep(0.5)
         assert not (sweep / "2" / "done_2.json").exists()
@@ -242,7 +243,7 @@ def test_a_killed_launcher_leaves_the_jobs_running_and_a_resume_brings_them_home
         assert [j["status"] for j in summary["jobs"]] == ["succeeded"] * 3
         assert [j["return_value"] for j in summary["jobs"]] == [10, 20, 30]
         assert "Deleted the cluster" in res.stdout, res.stdout
-        _no_leftovers(fake_hosts)
+        _no_leftovers(fake_hosts, sweep)
     finally:
         run.kill()
         fake_hosts.kill_leftovers()
@@ -283,7 +284,7 @@ def test_a_lost_connection_to_the_head_is_made_again_and_the_sweep_ends_as_usual
             assert (sweep / str(num) / f"done_{num}.json").is_file(), run.output
             assert len((sweep / str(num) / f"runs_{num}").read_text().split()) == 1, num
         assert "Deleted the cluster" in run.output, run.output
-        _no_leftovers(fake_hosts)
+        _no_leftovers(fake_hosts, sweep)
     finally:
         run.kill()
         fake_hosts.kill_leftovers()

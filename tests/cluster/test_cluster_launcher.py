@@ -103,10 +103,14 @@ def _sync_overrides() -> list[str]:
     return overrides
 
 
-def _no_leftovers(hosts: FakeHosts) -> None:
+def _no_leftovers(hosts: FakeHosts, sweep: Path | None = None) -> None:
+    """No temp dir and no Ray process left on the hosts; and no `sweep` (an absolute
+    sweep dir, a path of the launching machine: the cluster keeps it in its temp dir)."""
     for host in ("head", "worker"):
         assert list(hosts.host_path(host, "/tmp").glob("hydra-ray-*")) == [], host
         assert hosts.wait_no_ray_processes(host, timeout=60) == [], host
+        if sweep is not None:
+            assert not hosts.host_path(host, sweep).exists(), host
 
 
 def test_upload_download_example_brings_every_checkpoint_home(

@@ -102,7 +102,7 @@ def _kept_on_the_head(
     home = [sweep / str(n) / "big.bin" for n in range(2)]
     assert not all(p.is_file() and p.stat().st_size == JOB_MIB * MIB for p in home), run.output
     head_tmp = _head_tmp(hosts, run.output)
-    head_sweep = hosts.host_path("head", sweep)
+    head_sweep = head_tmp / "sweep"  # an absolute sweep dir lives in the temp dir there
     for num in range(2):
         assert (head_sweep / str(num) / "big.bin").stat().st_size == JOB_MIB * MIB
     assert stat.S_IMODE((head_tmp / "job_spec.pkl").stat().st_mode) == 0o600
