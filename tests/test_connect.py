@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import APPS, free_port, processes_in_session, ray_head, run_app
+from .conftest import APPS, AppRun, free_port, processes_in_session, ray_head, run_app
 
 # Not in a fresh shell; the session's own `ray.init()` sets RAY_AUTH_MODE here.
 FRESH_SHELL = ("RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -186,22 +186,7 @@ def test_a_ray_client_server_that_fails_to_start_a_server_once_is_tried_again(
         # 1 s idle, a few under load) misses it; a miss is tried again anyway.
         RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="8",
     )
-    client_port = free_port()
-    head_temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths
-    try:
-        with ray_head(head_env, client_port=client_port, temp_dir=head_temp):
-            res = run_app(
-                "app.py",
-                "x=1,2",
-                f"hydra.launcher.ray.init.address=ray://127.0.0.1:{client_port}",
-                f"hydra.sweep.dir={tmp_path / 's'}",
-                cwd=tmp_path,
-                env=_env(_home(tmp_path, "user", None)),
-                unset=FRESH_SHELL,
-            )
-        head_logs = _client_server_logs(Path(head_temp))
-    finally:
-        shutil.rmtree(head_temp, ignore_errors=True)
+    res, head_logs = _sweep_through_ray_client(tmp_path, head_env)
     assert marker.exists(), "the fault did not strike:\n" + res.output + head_logs
     assert res.returncode == 0, res.output + head_logs
     assert "could not start a server for this client (try 1 of 4)" in res.output
@@ -258,6 +243,27 @@ def test_which_ray_client_failures_at_start_are_tried_again(
         assert len(calls) == 1
 
 
+def _sweep_through_ray_client(tmp_path: Path, head_env: dict[str, str]) -> tuple[AppRun, str]:
+    """`app.py x=1,2` through Ray Client to a `ray start` head in `head_env`, its
+    sweep dir tmp_path/s; the run, and the head's Ray Client server logs."""
+    client_port = free_port()
+    head_temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths
+    try:
+        with ray_head(head_env, client_port=client_port, temp_dir=head_temp):
+            res = run_app(
+                "app.py",
+                "x=1,2",
+                f"hydra.launcher.ray.init.address=ray://127.0.0.1:{client_port}",
+                f"hydra.sweep.dir={tmp_path / 's'}",
+                cwd=tmp_path,
+                env=_env(_home(tmp_path, "user", None)),
+                unset=FRESH_SHELL,
+            )
+        return res, _client_server_logs(Path(head_temp))
+    finally:
+        shutil.rmtree(head_temp, ignore_errors=True)
+
+
 def _client_server_logs(temp_dir: Path) -> str:
     """The head's Ray Client server logs: what a failure of the test above needs."""
     logs = sorted(temp_dir.glob("session_latest/logs/ray_client_server*"))
@@ -294,22 +300,7 @@ def test_ray_client_ships_the_plugin_to_a_cluster_that_lacks_it(tmp_path: Path) 
         HIDDEN_CHECKOUT=checkout,
         WORKER_NOTES=str(notes),
     )
-    client_port = free_port()
-    head_temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths
-    try:
-        with ray_head(head_env, client_port=client_port, temp_dir=head_temp):
-            res = run_app(
-                "app.py",
-                "x=1,2",
-                f"hydra.launcher.ray.init.address=ray://127.0.0.1:{client_port}",
-                f"hydra.sweep.dir={tmp_path / 's'}",
-                cwd=tmp_path,
-                env=_env(_home(tmp_path, "user", None)),
-                unset=FRESH_SHELL,
-            )
-        head_logs = _client_server_logs(Path(head_temp))
-    finally:
-        shutil.rmtree(head_temp, ignore_errors=True)
+    res, head_logs = _sweep_through_ray_client(tmp_path, head_env)
     assert res.returncode == 0, res.output + head_logs
     assert "2 jobs done" in res.output
     assert (tmp_path / "s" / "1" / "done_1.json").is_file()
