@@ -329,3 +329,8 @@ def test_a_worker_whose_ray_dies_mid_sweep_is_no_reason_to_keep_the_cluster(
     finally:
         run.kill()
         fake_hosts.kill_leftovers()
+        # The dead worker keeps its killed attempts' files (in the launch's temp
+        # dir there): not for the next tests on these hosts to find.
+        for host in ("head", "worker"):
+            for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
+                shutil.rmtree(leftover)
