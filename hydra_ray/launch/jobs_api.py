@@ -717,9 +717,10 @@ def _follow(client: Any, submission_id: str, skip: int = 0) -> str:
     (one of `_lost()`) with `shown`: how many characters are shown now."""
     seen: list[str] = []
     pending = ""
+    received = 0  # characters of the log received so far (those of `seen`)
 
     async def tail() -> None:
-        nonlocal pending
+        nonlocal pending, received
         chunks = client.tail_job_logs(submission_id).__aiter__()
         packed = False
         while True:
@@ -729,10 +730,9 @@ def _follow(client: Any, submission_id: str, skip: int = 0) -> str:
                 )
             except (StopAsyncIteration, asyncio.TimeoutError):
                 return
-            before = sum(map(len, seen))
             seen.append(chunk)
-            new = chunk[max(0, skip - before) :]
-            pending += new
+            pending += chunk[max(0, skip - received) :]
+            received += len(chunk)
             *lines, pending = pending.split("\n")
             for line in lines:
                 if line.startswith(BUNDLE_MARK):
@@ -749,7 +749,7 @@ def _follow(client: Any, submission_id: str, skip: int = 0) -> str:
             asyncio.run(tail())
         except _lost() as exc:
             # Shown: every complete line (`pending`, the part of a line, is not).
-            exc.shown = max(skip, sum(map(len, seen)) - len(pending))  # type: ignore[attr-defined]
+            exc.shown = max(skip, received - len(pending))  # type: ignore[attr-defined]
             raise
     if pending and not pending.startswith(BUNDLE_MARK):
         sys.stdout.write(pending + "\n")
