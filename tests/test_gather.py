@@ -5,6 +5,8 @@ shares the driver's filesystem, so the steps are called one by one, with the
 
 import hashlib
 import os
+import subprocess
+import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -140,6 +142,28 @@ def test_removing_the_last_part_removes_the_empty_dirs_of_the_sweep_and_our_work
     on_node(node_id, _remove, str(tar), dirs, str(sweep), str(tmp_path / "proj"), False)
     assert [p.name for p in tmp_path.iterdir()] == ["proj"]
     assert list((tmp_path / "proj").iterdir()) == []
+
+
+def test_a_worker_whose_own_cwd_is_gone_still_removes_a_part(tmp_path: Path) -> None:
+    """A Ray worker that ran a job in a dir since gathered has no cwd any more
+    (seen on a node whose Ray was restarted mid-sweep): removing the next part
+    there still works, instead of failing in os.getcwd()."""
+    sweep = tmp_path / "outputs"
+    zero = job_dir(sweep, "0", {"a.txt": b"a"})
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    tar = tmp_path / "part.tar"
+    tar.write_bytes(b"")
+    code = (
+        "import os, sys\n"
+        "from hydra_ray.engine.gather import _remove\n"
+        f"os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})\n"
+        f"print(_remove({str(tar)!r}, [{str(zero)!r}], {str(sweep)!r}, '/', False))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert not zero.exists() and not tar.exists()
 
 
 def test_job_dirs_that_are_not_the_sweep_s_own_are_never_packed(

@@ -462,6 +462,7 @@ def test_run_batch_returns_job_returns_in_order_and_writes_the_summary(tmp_path:
         "resources": None,
         "output_dir": None,
         "error": None,
+        "outputs_left": None,
         "return_value": 0,
     }
     assert opaque["return_value"] == "Opaque(42)"

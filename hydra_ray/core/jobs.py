@@ -120,6 +120,9 @@ class JobOutcome:
     # What the job asked Ray for ({"CPU": 2, "GPU": 1}), where hydra.launcher.ray
     # .remote differs per job; None where every job asks for the same.
     resources: dict[str, float] | None = None
+    # Where the job's outputs stayed, when a node did not give them (it is
+    # gone, or unreachable): "" when they came home.
+    outputs_left: str = ""
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Unpickled (from a worker, the head's returns, a record): the job's

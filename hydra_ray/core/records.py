@@ -321,6 +321,7 @@ def _summary_entry(o: JobOutcome) -> dict[str, Any]:
         "resources": o.resources,
         "output_dir": output_dir(ret),
         "error": o.error,
+        "outputs_left": o.outputs_left or None,
         "return_value": _jsonable(ret._return_value) if o.status == SUCCEEDED else None,
     }
 
@@ -373,18 +374,26 @@ def detached_runs(sweep_dir: Path, name: str) -> dict[str, dict[str, Any]]:
 
 
 def note_detached_run(
-    sweep_dir: Path, name: str, run_id: str, jobs: list[int], *, home: bool = False
+    sweep_dir: Path,
+    name: str,
+    run_id: str,
+    jobs: list[int],
+    *,
+    home: bool = False,
+    more: Mapping[str, Any] | None = None,
 ) -> None:
     """Note (atomically) a detached run of `jobs`, before it starts: a launcher
-    killed right after leaves a run that a resume must find."""
+    killed right after leaves a run that a resume must find. `more`: what else
+    the resume needs (where the run puts its results)."""
     noted = detached_runs(sweep_dir, name)
-    noted[run_id] = {"jobs": jobs, "home": home}
+    noted[run_id] = {**(more or {}), "jobs": jobs, "home": home}
     _write_atomically(sweep_dir / RECORD_DIR / name, json.dumps(noted, indent=1).encode())
 
 
 def note_detached_run_home(sweep_dir: Path, name: str, run_id: str) -> None:
     """The run's results came home (or there is nothing to fetch): a resume
     leaves it alone."""
-    noted = detached_runs(sweep_dir, name).get(run_id)
-    jobs = [int(i) for i in noted["jobs"]] if noted else []
-    note_detached_run(sweep_dir, name, run_id, jobs, home=True)
+    noted = dict(detached_runs(sweep_dir, name).get(run_id) or {})
+    jobs = [int(i) for i in noted.pop("jobs", [])]
+    noted.pop("home", None)
+    note_detached_run(sweep_dir, name, run_id, jobs, home=True, more=noted)

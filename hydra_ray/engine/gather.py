@@ -124,12 +124,26 @@ class _Packed:
     refused: list[tuple[str, str]] = field(default_factory=list)
 
 
+# Another way than Ray to the disk of a node whose Ray is gone (the cluster
+# launchers' head reaches its nodes over ssh): copy (node IP, job dirs, of them
+# those whose files win) into the same paths here, then remove them there.
+# Raises OSError when it cannot; nothing is removed there then.
+DiskReach = Callable[[str, list[str], set[str]], None]
+
+
 def gather_outputs(
-    sweep_dir: Path, job_dirs: JobDirs, *, jobs_cwd: str, cwd_is_ours: bool
+    sweep_dir: Path,
+    job_dirs: JobDirs,
+    *,
+    jobs_cwd: str,
+    cwd_is_ours: bool,
+    reach: DiskReach | None = None,
 ) -> list[LeftOnNode]:
     """Extract into `sweep_dir` (absolute, on this machine) the job dirs the
     sweep's jobs wrote on the cluster's other nodes, and remove them there
-    once they are here. Return the parts that stayed on their node.
+    once they are here. Return the parts that stayed on their node. A node
+    whose Ray is gone holding files of a job's recorded attempt: through
+    `reach`, if given.
 
     `jobs_cwd` is the jobs' working dir: never removed, unless `cwd_is_ours`
     (the head driver's temp dir) and left empty. Nodes that see this machine's
@@ -151,6 +165,12 @@ def gather_outputs(
             (part, pack(part.node_id).remote(str(sweep_dir), part.dirs, str(marker), jobs_cwd))
             for part in parts
         ]
+        # A node whose Ray was restarted comes back as another node on the same
+        # disk: the dirs the live one holds are its to bring, not the dead one's.
+        live: dict[str, set[str]] = {}
+        for part in parts:
+            if _alive(part.node_id):
+                live.setdefault(part.node, set()).update(part.dirs)
         left = []
         for part, packed in packs:
             problem = _bring(part, packed, sweep_dir, jobs_cwd, cwd_is_ours)
@@ -163,6 +183,21 @@ def gather_outputs(
                     "the recorded attempts' files came from there, nothing of them is lost"
                 )
                 continue
+            if problem is not None and reach is not None and not _alive(part.node_id):
+                taken = live.get(part.node, set())
+                dirs = [d for d in part.dirs if d not in taken]
+                try:
+                    reach(part.node, dirs, part.winning - taken)
+                except OSError as exc:
+                    problem = dataclasses.replace(
+                        problem, error=f"{problem.error}; and not over ssh: {exc}"
+                    )
+                else:
+                    log.warning(
+                        f"Node {part.node}'s Ray is gone ({problem.error}); its disk was not: "
+                        f"gathered its job dirs over ssh ({', '.join(dirs) or 'none left'})"
+                    )
+                    continue
             if problem is not None:
                 left.append(problem)
                 log.error(
@@ -296,8 +331,16 @@ def _job_dir_of(name: str, dirs: set[str]) -> bool:
 
 
 def _protected(jobs_cwd: str) -> list[str]:
-    """Dirs of the node that no gather removes, nor any dir that holds them."""
-    return [os.sep, os.path.expanduser("~"), os.getcwd(), jobs_cwd]
+    """Dirs of the node that no gather removes, nor any dir that holds them.
+
+    A Ray worker's own cwd is one of them while it exists: a worker whose cwd
+    was a job dir that is gone (already gathered) protects nothing there.
+    """
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:
+        return [os.sep, os.path.expanduser("~"), jobs_cwd]
+    return [os.sep, os.path.expanduser("~"), cwd, jobs_cwd]
 
 
 def _refusal(job_dir: str, sweep_dir: str, protected: list[str]) -> str | None:

@@ -289,7 +289,7 @@ def summary_table(outcomes: Sequence[JobOutcome], *, terminal: bool, width: int 
             Text(f"{o.attempt} +{o.ray_reruns} Ray" if o.ray_reruns else str(o.attempt)),
             Text(o.node),
             *([Text(described(o.resources) if o.resources else "")] if per_job else []),
-            Text(o.error or ""),
+            Text(o.error or (f"outputs not home, {o.outputs_left}" if o.outputs_left else "")),
         )
     buf = io.StringIO()
     console = Console(
