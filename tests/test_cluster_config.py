@@ -104,12 +104,20 @@ RAY_AWS_DEFAULTS: dict[str, Any] = {
     "run_env": "auto",
     "stop_cluster": True,
     "sync_up": {"source_dir": None, "target_dir": None, "include": [], "exclude": []},
-    "sync_down": {"source_dir": None, "target_dir": None, "include": [], "exclude": []},
+    "sync_down": {
+        "source_dir": None,
+        "target_dir": None,
+        "include": [],
+        "exclude": [],
+        # Beyond the guide: where the head stores the results for a gone launcher.
+        "storage": None,
+    },
     "logging": {"log_style": "auto", "color_mode": "auto", "verbosity": 0},
     "create_update_cluster": {"no_restart": False, "restart_only": False, "no_config_cache": False},
     "teardown_cluster": {"workers_only": False, "keep_min_workers": False},
     # A driver on the head that outlives the launcher's connection (beyond the guide).
     "reconnect_s": 120.0,
+    "autodown_minutes": 60.0,
     # Long sweeps (beyond the guide): as for the `ray` launcher.
     "progress": True,
     "job_timeout_s": None,
@@ -570,6 +578,8 @@ def test_missing_rsync_and_ssh_are_refused_with_how_to_install_them(
         ("ray.run_env", "vm"),
         ("reconnect_s", 0),
         ("reconnect_s", -5),
+        ("autodown_minutes", 0),
+        ("autodown_minutes", -1),
     ],
 )
 def test_values_out_of_range_are_refused(key: str, value: Any) -> None:
@@ -577,6 +587,12 @@ def test_values_out_of_range_are_refused(key: str, value: Any) -> None:
     OmegaConf.update(cfg, key, value)
     with pytest.raises(ConfigError, match=f"hydra.launcher.{key}={value} is not"):
         check_launch_preconditions(cfg)
+
+
+def test_autodown_can_be_turned_off() -> None:
+    cfg = _aws()
+    OmegaConf.update(cfg, "autodown_minutes", None)
+    check_launch_preconditions(cfg)
 
 
 def test_every_problem_of_a_launch_is_refused_at_once(tmp_path: Path) -> None:

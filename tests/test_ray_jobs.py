@@ -702,7 +702,7 @@ def test_sync_down_storage_carries_the_pack_and_is_emptied_once_it_is_home(
         timeout=300,
     )
     assert res.returncode == 0, res.output
-    assert "Put the pack in" in res.output, res.output
+    assert "Put the results (" in res.output, res.output
     sweep = tmp_path / "sweep"
     for num in range(2):
         assert (sweep / str(num) / f"done_{num}.json").is_file(), res.output

@@ -312,6 +312,19 @@ class RsyncConf:
 
 
 @dataclass
+class ClusterSyncDownConf(RsyncConf):
+    """sync_down of the cluster launchers: an rsync from the head (see
+    RsyncConf), and where the results also go as each batch ends."""
+
+    # A URI this machine and the cluster's nodes reach (as ray_jobs' sync_down.storage):
+    # s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or file:///SHARED/VOLUME. The driver
+    # puts the batch's results there as one pack; they then need not wait on a
+    # cluster whose launcher is gone (it tears itself down), and a resume fetches
+    # them there. Removed there once home. null: they wait on the head.
+    storage: str | None = None
+
+
+@dataclass
 class RayLoggingConf:
     """Output of Ray's cluster launcher (`ray.autoscaler.sdk.configure_logging`)."""
 
@@ -359,7 +372,7 @@ class RayAWSLauncherConf(SweepRunConf):
     # Before the jobs: upload the app's code to the head.
     sync_up: RsyncConf = field(default_factory=RsyncConf)
     # After the jobs: bring their outputs home (by default the whole sweep dir).
-    sync_down: RsyncConf = field(default_factory=RsyncConf)
+    sync_down: ClusterSyncDownConf = field(default_factory=ClusterSyncDownConf)
     logging: RayLoggingConf = field(default_factory=RayLoggingConf)
     create_update_cluster: RayCreateOrUpdateClusterConf = field(
         default_factory=RayCreateOrUpdateClusterConf
@@ -368,6 +381,11 @@ class RayAWSLauncherConf(SweepRunConf):
     # Seconds a lost connection to the head is made again while its driver runs
     # (the driver goes on without it); then the launcher stops with the resume command.
     reconnect_s: float = 120.0
+    # Minutes the cluster may sit idle (no sweep driver, no transfer) before it
+    # tears itself down, as teardown_cluster says: when this process is gone
+    # (a closed laptop, kill -9) or kept the cluster for outputs not home.
+    # null: never (the cluster then costs until `ray down`).
+    autodown_minutes: float | None = 60.0
 
 
 @dataclass

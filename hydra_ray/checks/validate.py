@@ -12,7 +12,7 @@ import re
 import secrets
 import shlex
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -413,11 +413,11 @@ def _schema_error_message(exc: Any) -> str:
     return f"{key}: Ray's cluster config schema refuses it: {exc.message}. Change it."
 
 
-def check_launch_preconditions(launcher_cfg: DictConfig) -> None:
+def check_launch_preconditions(launcher_cfg: DictConfig, more: Sequence[ConfigError] = ()) -> None:
     """Refuse, before anything is created, a cluster launcher config that cannot
-    work (every problem of `sweep_problems` and `cluster_launch_problems`, in one
-    error). Raises ConfigError."""
-    refuse(sweep_problems(launcher_cfg) + cluster_launch_problems(launcher_cfg))
+    work (every problem of `sweep_problems` and `cluster_launch_problems`, and
+    the caller's `more`, in one error). Raises ConfigError."""
+    refuse(sweep_problems(launcher_cfg) + cluster_launch_problems(launcher_cfg) + list(more))
 
 
 def cluster_launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
@@ -436,6 +436,7 @@ def cluster_launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
         )
     problems += source_dir_problems(launcher_cfg.sync_up.source_dir)
     problems += reconnect_problems(launcher_cfg)
+    problems += autodown_problems(launcher_cfg)
     missing = [tool for tool in ("rsync", "ssh") if shutil.which(tool) is None]
     if missing:
         problems.append(
@@ -510,5 +511,20 @@ def reconnect_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
             f"hydra.launcher.reconnect_s={shown} is not valid: set it to the seconds a lost "
             "connection to the cluster is made again while the sweep's driver runs there "
             "(default 120)"
+        )
+    ]
+
+
+def autodown_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+    """`hydra.launcher.autodown_minutes` (cluster launchers) that cannot work."""
+    minutes = launcher_cfg.get("autodown_minutes")
+    if minutes is None or _positive_seconds(minutes):
+        return []
+    shown = f"{minutes:g}" if isinstance(minutes, (int, float)) else minutes
+    return [
+        ConfigError(
+            f"hydra.launcher.autodown_minutes={shown} is not valid: set it to the minutes the "
+            "cluster may sit idle (no sweep driver, no transfer) before it tears itself down "
+            "(default 60), or null to keep it until `ray down`"
         )
     ]

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import yaml
 
 from hydra_ray.checks.resources import JobResources
 from hydra_ray.checks.validate import ray_init_kwargs
@@ -45,15 +47,19 @@ from hydra_ray.core.redact import redacted
 from hydra_ray.driver.protocol import (
     BUNDLE_MARK,
     BUNDLE_OUTPUTS,
+    BUNDLE_PLAN,
     BUNDLE_RECORDS,
     GATHER_REPORT,
     PACKAGES,
     PLUGIN_DIR,
     RETURNS,
+    STORED,
     JobSpec,
+    stored_sidecar,
 )
-from hydra_ray.engine.gather import JobDirs, LeftOnNode, gather_outputs
+from hydra_ray.engine.gather import DiskReach, JobDirs, LeftOnNode, gather_outputs
 from hydra_ray.engine.worker import ship_state
+from hydra_ray.infra.storage import put
 from hydra_ray.infra.sync import rsync_command
 
 log = logging.getLogger(__name__)
@@ -161,55 +167,28 @@ def write_bundle(plan: dict[str, Any]) -> None:
     # The node's log dir: the one dir whose files the dashboard's log API serves.
     node = ray._private.worker.global_worker.node
     assert node is not None
-    logs = Path(node.get_logs_dir_path())
-    sweep = Path(plan["sweep_dir"]).resolve()
-    part = logs / f"{plan['name']}.part"
-    with tempfile.TemporaryDirectory(prefix="hydra-ray-down-") as tmp:
-        outputs = sweep
-        if sweep.is_dir() and (plan["include"] or plan["exclude"]):
-            outputs = Path(tmp)
-            cmd = rsync_command(
-                f"{sweep}/", f"{outputs}/", include=plan["include"], exclude=plan["exclude"]
-            )
-            try:
-                subprocess.run(cmd, check=True)
-            except (OSError, subprocess.CalledProcessError) as exc:
-                log.warning(f"sync_down's include/exclude not applied ({exc}): all comes home")
-                outputs = sweep
-        with tarfile.open(part, "w") as tar:
-            for name in (RETURNS, GATHER_REPORT):
-                if Path(name).is_file():
-                    tar.add(name, arcname=name)
-            if (sweep / RECORD_DIR).is_dir():
-                tar.add(sweep / RECORD_DIR, arcname=BUNDLE_RECORDS)
-            if outputs.is_dir():
-                tar.add(outputs, arcname=BUNDLE_OUTPUTS, filter=_not_records)
-    final = logs / str(plan["name"])
-    os.replace(part, final)
+    final = _pack(plan, Path(node.get_logs_dir_path()))
     size, sha256 = file_digest(final)
+    sweep = Path(plan["sweep_dir"]).resolve()
     where: dict[str, Any] = {
         "size": size,
         "sha256": sha256,
         # For the launcher to remove, once everything is home: the sweep dir here
-        # if it is in this Ray job's own working dir (an absolute sweep dir is the
-        # user's place on the cluster: kept), and the pack.
+        # if it is in this Ray job's own working dir (one that leads out of it,
+        # `../sweep`, is the user's place on the cluster: kept), and the pack.
         "node_ip": node.node_ip_address,
         "cluster_sweep": str(sweep) if sweep.is_relative_to(Path.cwd()) else None,
     }
-    log.info(f"Packed the results and outputs to bring home: {size / 2**20:.1f} MiB")
     storage = plan.get("storage")
     if storage:
-        from hydra_ray.infra.storage import put
-
         try:
-            stored = put(storage, final, final.name)
+            _store(storage, final)
         except Exception as exc:  # pyarrow missing here, credentials, the network
             log.warning(
                 f"The pack could not be put in sync_down.storage={redacted(storage)} ({exc}): "
                 "it comes home through the dashboard instead"
             )
         else:
-            log.info(f"Put the pack in {redacted(storage)} as {stored}")
             final.unlink()  # the sweep dir here still holds everything it packed
             print(
                 BUNDLE_MARK + json.dumps({**where, "storage": storage, "key": final.name}),
@@ -219,7 +198,77 @@ def write_bundle(plan: dict[str, Any]) -> None:
     where.update(
         node_id=ray.get_runtime_context().get_node_id(), file=final.name, pack_path=str(final)
     )
+    log.info(f"Packed the results and outputs to bring home: {size / 2**20:.1f} MiB")
     print(BUNDLE_MARK + json.dumps(where), flush=True)
+
+
+def store_bundle(plan: dict[str, Any]) -> None:
+    """The cluster launchers' driver, once its jobs ended and their outputs are
+    on the head: their results in sync_down.storage, so that they need not wait
+    on the head for a launcher that is gone (a resume fetches them there), and
+    STORED in the working dir saying so. On failure the results stay on the
+    head only, as without a storage."""
+    storage = str(plan["storage"])
+    try:
+        final = _pack(plan, Path.cwd())
+        try:
+            where = _store(storage, final)
+            with tempfile.TemporaryDirectory(prefix="hydra-ray-stored-") as tmp:
+                sidecar = Path(tmp) / stored_sidecar(final.name)
+                sidecar.write_text(json.dumps(where))
+                put(storage, sidecar, sidecar.name)
+        finally:
+            final.unlink()  # the sweep dir here still holds everything it packed
+    except Exception as exc:  # pyarrow missing here, credentials, the network, a full disk
+        log.warning(
+            f"The results could not be put in sync_down.storage={redacted(storage)} ({exc}): "
+            "they wait on the head"
+        )
+        return
+    tmp = f"{STORED}.part"
+    Path(tmp).write_text(json.dumps(where))
+    os.replace(tmp, STORED)
+
+
+def _store(storage: str, pack: Path) -> dict[str, Any]:
+    """Put `pack` in the storage; where it is, its size and sha256 (see STORED)."""
+    size, sha256 = file_digest(pack)
+    stored = put(storage, pack, pack.name)
+    where = {"storage": storage, "key": pack.name, "size": size, "sha256": sha256}
+    log.info(f"Put the results ({size / 2**20:.1f} MiB) in {redacted(storage)} as {stored}")
+    return where
+
+
+def _pack(plan: dict[str, Any], dest: Path) -> Path:
+    """One tar in `dest`, named plan["name"]: the returns and the gather report
+    (if written, in the working dir), the records, and the outputs (the sweep
+    dir, or plan["outputs_dir"], filtered by plan's include/exclude)."""
+    sweep = Path(plan["sweep_dir"]).resolve()
+    outputs = Path(plan.get("outputs_dir") or sweep).resolve()
+    part = dest / f"{plan['name']}.part"
+    with tempfile.TemporaryDirectory(prefix="hydra-ray-down-") as tmp:
+        if outputs.is_dir() and (plan["include"] or plan["exclude"]):
+            filtered = Path(tmp)
+            cmd = rsync_command(
+                f"{outputs}/", f"{filtered}/", include=plan["include"], exclude=plan["exclude"]
+            )
+            try:
+                subprocess.run(cmd, check=True)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                log.warning(f"sync_down's include/exclude not applied ({exc}): all comes home")
+            else:
+                outputs = filtered
+        with tarfile.open(part, "w") as tar:
+            for name in (RETURNS, GATHER_REPORT):
+                if Path(name).is_file():
+                    tar.add(name, arcname=name)
+            if (sweep / RECORD_DIR).is_dir():
+                tar.add(sweep / RECORD_DIR, arcname=BUNDLE_RECORDS)
+            if outputs.is_dir():
+                tar.add(outputs, arcname=BUNDLE_OUTPUTS, filter=_not_records)
+    final = dest / str(plan["name"])
+    os.replace(part, final)
+    return final
 
 
 def _not_records(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
@@ -267,9 +316,66 @@ def _started_job_dirs(sweep_dir: Path) -> JobDirs:
 def _gather(sweep_dir: str, job_dirs: JobDirs) -> None:
     """Gather onto the head (abspath, as the jobs name their dirs), then report."""
     left = gather_outputs(
-        Path(os.path.abspath(sweep_dir)), job_dirs, jobs_cwd=os.getcwd(), cwd_is_ours=True
+        Path(os.path.abspath(sweep_dir)),
+        job_dirs,
+        jobs_cwd=os.getcwd(),
+        cwd_is_ours=True,
+        reach=_over_ssh(os.getcwd()),
     )
     write_gather_report(left)
+
+
+# Where Ray's cluster launcher puts, on the head, the cluster's config for its
+# autoscaler: with the user and key that reach every node over ssh.
+_BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
+
+
+def _over_ssh(jobs_cwd: str) -> DiskReach | None:
+    """The head's way to the disk of a node whose Ray is gone (killed, or
+    restarted under another node id): ssh, as the cluster's autoscaler reaches
+    its nodes. None where there is no such config (not a head made by Ray's
+    cluster launcher) or the jobs ran in docker containers (their files are not
+    on the node's own disk)."""
+    path = Path(_BOOTSTRAP_CONFIG).expanduser()
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    auth, docker = config.get("auth") or {}, config.get("docker") or {}
+    user, key = auth.get("ssh_user"), auth.get("ssh_private_key")
+    if not user or not key or docker.get("container_name"):
+        return None
+    ssh = [
+        "ssh",
+        "-i",
+        os.path.expanduser(str(key)),
+        *("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"),
+        *("-o", "BatchMode=yes", "-o", "ConnectTimeout=20", "-o", "LogLevel=ERROR"),
+    ]
+
+    def run(cmd: list[str]) -> None:
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+        except subprocess.CalledProcessError as exc:
+            raise OSError(f"{cmd[0]} exited {exc.returncode}: {exc.stderr.strip()}") from None
+
+    def reach(node: str, dirs: list[str], winning: set[str]) -> None:
+        if not dirs:
+            return
+        host = f"{user}@{node}"
+        # The recorded attempts' files win; others only fill what is missing.
+        for job_dir in sorted(dirs, key=lambda d: d not in winning):
+            Path(job_dir).mkdir(parents=True, exist_ok=True)
+            keep = [] if job_dir in winning else ["--ignore-existing"]
+            run(["rsync", "-a", *keep, "-e", shlex.join(ssh), f"{host}:{job_dir}/", f"{job_dir}/"])
+        # Here now: removed there, then the dirs left empty up to the jobs' cwd.
+        gone = " ".join(shlex.quote(d) for d in dirs)
+        tidy = f"find {shlex.quote(jobs_cwd)} -depth -type d -empty -delete"
+        run([*ssh, host, f"rm -rf {gone} && {{ {tidy}; true; }}"])
+
+    return reach
 
 
 def write_gather_report(left: Sequence[LeftOnNode]) -> None:
@@ -311,3 +417,6 @@ if __name__ == "__main__":
         main_for_jobs_api(*sys.argv[2:4])
     else:
         main(*sys.argv[1:3])
+        # The cluster launchers' plan, when results go to sync_down.storage.
+        if Path(BUNDLE_PLAN).is_file():
+            store_bundle(json.loads(Path(BUNDLE_PLAN).read_text()))

@@ -9,6 +9,7 @@ Both sides import this module; it imports only the data types (no Ray).
 import importlib.util
 import shlex
 import shutil
+import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 
 from hydra_ray import FACE
 from hydra_ray.core.jobs import Job, JobOutcome, Policy, SweepState
+from hydra_ray.core.records import RECORD_DIR
 
 # The driver, run as `python -m DRIVER_MODULE` in its working dir on the head.
 DRIVER_MODULE = "hydra_ray.driver.head"
@@ -58,6 +60,17 @@ BUNDLE_MARK = "HYDRA_RAY_BUNDLE "
 # outputs (the sweep dir, filtered by sync_down, without the records).
 BUNDLE_RECORDS = "records"
 BUNDLE_OUTPUTS = "outputs"
+# The cluster launchers' driver writes the same plan in its working dir when
+# sync_down.storage is set (with "outputs_dir" when sync_down.source_dir names
+# another dir than the sweep dir); once the pack is in the storage, STORED there
+# says where ({"storage", "key", "size", "sha256"}), as does a file beside the
+# pack in the storage (`stored_sidecar`), put last: a pack without it is not whole.
+STORED = "stored.json"
+
+
+def stored_sidecar(key: str) -> str:
+    """The name, in the storage, of the file that says the pack `key` is whole."""
+    return f"{key}.json"
 
 
 @dataclass(frozen=True)
@@ -166,6 +179,28 @@ def _python(remote_tmp: str, args: str, code_dir: str | None = None) -> str:
         f"PYTHONPATH={pythonpath}$PYTHONPATH RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1 "
         f"python -m {DRIVER_MODULE} {args}"
     )
+
+
+def unpack_bundle(
+    pack: Path, into: Path, sweep_dir: Path, outputs_to: Path
+) -> tuple[list[int], Path | None]:
+    """Unpack `pack` (BUNDLE_PLAN's tar) in `into`; its records into
+    `sweep_dir`'s record dir, its outputs into `outputs_to`. The jobs whose
+    records came, and where the returns are (None if the driver wrote none)."""
+    with tarfile.open(pack) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+        else:  # pragma: no cover - Pythons without extraction filters
+            tar.extractall(into)
+    idxs: list[int] = []
+    if (into / BUNDLE_RECORDS).is_dir():
+        shutil.copytree(into / BUNDLE_RECORDS, sweep_dir / RECORD_DIR, dirs_exist_ok=True)
+        came = (p.stem.removeprefix("job_") for p in (into / BUNDLE_RECORDS).glob("job_*.pkl"))
+        idxs = sorted(int(i) for i in came if i.isdecimal())
+    if (into / BUNDLE_OUTPUTS).is_dir():
+        shutil.copytree(into / BUNDLE_OUTPUTS, outputs_to, dirs_exist_ok=True)
+    returns = into / RETURNS
+    return idxs, returns if returns.is_file() else None
 
 
 def load_outcomes(path: str) -> list[JobOutcome]:

@@ -23,6 +23,7 @@ import yaml
 from omegaconf import DictConfig
 
 from hydra_ray.core.errors import ClusterCommandError
+from hydra_ray.infra.autodown import TMP_ROOT, Autodown
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class Cluster:
     config_file: Path
     # Set when outputs did not all come home: the session keeps the cluster then.
     leftovers: Leftovers | None = field(default=None)
+    # Its watchdog on the head, when armed (hydra.launcher.autodown_minutes).
+    autodown: Autodown | None = field(default=None)
 
     @property
     def name(self) -> str:
@@ -137,7 +140,8 @@ def remote_temp_dir(cluster: Cluster, existing: str | None = None) -> Iterator[R
     Raises ClusterCommandError if the head gives no dir."""
     if existing is None:
         out = cluster.run(
-            f'd=$(mktemp -d /tmp/hydra-ray-XXXXXXXX) && echo "{_TMP_MARK}$d"', with_output=True
+            f'd=$(mktemp -d {TMP_ROOT}/hydra-ray-XXXXXXXX) && echo "{_TMP_MARK}$d"',
+            with_output=True,
         )
         paths = [line[len(_TMP_MARK) :].strip() for line in out.splitlines() if _TMP_MARK in line]
         if not paths:
@@ -253,18 +257,71 @@ def cluster_session(
                 restart_only=restart_only,
                 no_config_cache=opts.no_config_cache,
             )
+            _arm_autodown(launcher, cluster)
             yield cluster
         finally:
             _stop_or_keep(launcher, cluster)
+
+
+def _arm_autodown(launcher: DictConfig, cluster: Cluster) -> None:
+    """Start the head's watchdog (see `hydra_ray.infra.autodown`), or say that
+    nothing stops the cluster if this process goes."""
+    if launcher.autodown_minutes is None:
+        log.warning(
+            f"hydra.launcher.autodown_minutes=null: if this process is gone before it tears "
+            f"cluster {cluster.name!r} down (a closed laptop, a lost network, kill -9), the "
+            f"cluster keeps running and costing until `{cluster.down_command()}`"
+        )
+        return
+    autodown = Autodown(
+        cluster.name,
+        float(launcher.autodown_minutes),
+        workers_only=bool(launcher.teardown_cluster.workers_only),
+        keep_min_workers=bool(launcher.teardown_cluster.keep_min_workers),
+    )
+    try:
+        cluster.run(autodown.start_command())
+    except ClusterCommandError as exc:
+        log.warning(
+            f"Could not start the watchdog that tears cluster {cluster.name!r} down when this "
+            f"process is gone ({exc}): if it goes, tear the cluster down with "
+            f"`{cluster.down_command()}`"
+        )
+        return
+    cluster.autodown = autodown
+    log.info(
+        f"Cluster {cluster.name!r} tears itself down when it has run no sweep driver and no "
+        f"transfer for {autodown.minutes:g} min (hydra.launcher.autodown_minutes): if this "
+        f"process is gone; its watchdog logs to the head's {autodown.log_path()}"
+    )
+
+
+def _disarm_autodown(cluster: Cluster) -> None:
+    if cluster.autodown is None:
+        return
+    try:
+        cluster.run(cluster.autodown.stop_command())
+    except ClusterCommandError as exc:  # the teardown, or the warning, comes next anyway
+        log.warning(f"Could not stop the cluster's watchdog on the head: {exc}")
+
+
+def autodown_deadline(cluster: Cluster) -> str:
+    """When the cluster tears itself down if nothing runs on it from now: a
+    clock time, or "" when it does not (hydra.launcher.autodown_minutes=null)."""
+    if cluster.autodown is None:
+        return ""
+    return time.strftime("%H:%M", time.localtime(time.time() + cluster.autodown.limit_s))
 
 
 def _stop_or_keep(launcher: DictConfig, cluster: Cluster) -> None:
     if cluster.leftovers is not None:
         _keep_for_leftovers(launcher, cluster, cluster.leftovers)
     elif not launcher.stop_cluster:
+        _disarm_autodown(cluster)
         log.warning(
             f"Cluster {cluster.name!r} keeps running (stop_cluster=false) and costs money until "
-            f"it is torn down: {cluster.down_command()}"
+            f"it is torn down, also when idle (its autodown watchdog is stopped): "
+            f"{cluster.down_command()}"
         )
     else:
         _teardown(launcher, cluster)
@@ -277,6 +334,19 @@ def _keep_for_leftovers(launcher: DictConfig, cluster: Cluster, leftovers: Lefto
         f"running (and costing) with them. To bring them home and then tear it down, "
         f"run (from this directory, where this run could reach the cluster):\n{steps}"
     )
+    if cluster.autodown is not None:
+        try:  # the clock starts now, so that the deadline said is the one met
+            cluster.run(cluster.autodown.seen_command())
+        except ClusterCommandError as exc:
+            log.warning(f"Could not restart the watchdog's clock on the head: {exc}")
+        disarm = shlex.join(
+            ["ray", "exec", str(cluster.config_file.resolve()), cluster.autodown.stop_command()]
+        )
+        message += (
+            f"\nIf nothing is transferred from it before then, the cluster tears itself down "
+            f"at {autodown_deadline(cluster)} (hydra.launcher.autodown_minutes="
+            f"{cluster.autodown.minutes:g}), with what is on it. To keep it longer:\n    {disarm}"
+        )
     if not (leftovers.interrupted and launcher.stop_cluster):
         log.error(message)
         return
@@ -310,6 +380,7 @@ def _teardown(launcher: DictConfig, cluster: Cluster) -> None:
     # A SIGTERM or SIGHUP now would leave a half torn-down cluster: the teardown
     # ends first, then the signal ends the run.
     with _stop_signals(lambda signum, frame: stop.append(signum)):
+        _disarm_autodown(cluster)
         try:
             sdk.teardown_cluster(
                 str(cluster.config_file),

@@ -1,13 +1,19 @@
-"""`sync_down.storage` of the `ray_jobs` launcher: the pack of results and
-outputs goes through a storage both sides reach (S3, GCS, a shared volume)
-instead of the dashboard. pyarrow.fs does the I/O, as for Ray Train's
+"""`sync_down.storage`: the pack of results and outputs goes through a
+storage both sides reach (S3, GCS, a shared volume): for `ray_jobs` instead of
+the dashboard; for the cluster launchers so that it need not wait on a cluster
+whose launcher is gone. pyarrow.fs does the I/O, as for Ray Train's
 storage_path; it is imported only when a storage is given."""
 
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra_ray.core.digest import file_digest
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.redact import redacted
+
+log = logging.getLogger(__name__)
 
 KEY = "hydra.launcher.sync_down.storage"
 _CHUNK = 1 << 22
@@ -95,6 +101,43 @@ def fetch(uri: str, name: str, local: Path) -> None:
             out.write(chunk)
 
 
+def fetch_checked(where: Mapping[str, Any], local: Path) -> None:
+    """The pack `where` says of ({"storage", "key", "size", "sha256"}) to
+    `local`, checked. Raises OSError (pyarrow's too) when it cannot be read,
+    ValueError when it arrived damaged."""
+    fetch(where["storage"], where["key"], local)
+    check_pack(local, where)
+
+
+def check_pack(local: Path, where: Mapping[str, Any]) -> None:
+    """Raises ValueError unless `local` has the size and sha256 `where` says."""
+    size, sha256 = file_digest(local)
+    if size != where["size"] or sha256 != where["sha256"]:
+        raise ValueError(
+            f"the pack arrived damaged ({size} bytes of {where['size']}, or another sha256)"
+        )
+
+
+def exists(uri: str, name: str) -> bool:
+    """Whether `name` is in the storage. Raises OSError when it cannot be asked."""
+    from pyarrow.fs import FileType
+
+    filesystem, base = _filesystem(uri)
+    return bool(filesystem.get_file_info(f"{base}/{name}").type == FileType.File)
+
+
 def remove(uri: str, name: str) -> None:
     filesystem, base = _filesystem(uri)
     filesystem.delete_file(f"{base}/{name}")
+
+
+def remove_quietly(uri: str, *names: str) -> None:
+    """The storage's copies, once everything they held is home: a failure is
+    only logged (what they held is home)."""
+    for name in names:
+        try:
+            remove(uri, name)
+        except FileNotFoundError:  # never put there (the driver could not), or removed
+            continue
+        except OSError as exc:
+            log.warning(f"Could not remove {name} from {redacted(uri)} ({exc})")

@@ -9,7 +9,7 @@ import os
 import shlex
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -33,8 +33,11 @@ from hydra_ray.core.records import (
     note_detached_run,
     note_detached_run_home,
     read_record,
+    write_record,
 )
+from hydra_ray.core.redact import redacted
 from hydra_ray.driver.protocol import (
+    BUNDLE_PLAN,
     GATHER_REPORT,
     JOB_SPEC,
     PLUGIN_DIR,
@@ -47,7 +50,9 @@ from hydra_ray.driver.protocol import (
     gather_command,
     load_outcomes,
     stage_plugin,
+    stored_sidecar,
     sweep_dir_on_cluster,
+    unpack_bundle,
 )
 from hydra_ray.engine.worker import dumps_for_cluster
 from hydra_ray.infra.autoscaler import (
@@ -55,9 +60,18 @@ from hydra_ray.infra.autoscaler import (
     ClusterLifetime,
     Leftovers,
     RemoteTmp,
+    autodown_deadline,
     remote_temp_dir,
 )
 from hydra_ray.infra.scratch import scratch_dir
+from hydra_ray.infra.storage import (
+    check_reachable,
+    exists,
+    fetch,
+    fetch_checked,
+    remove_quietly,
+    storage_problems,
+)
 from hydra_ray.infra.sync import rsync_command
 from hydra_ray.launch import skeleton
 from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec
@@ -87,7 +101,10 @@ class OnCluster(skeleton.LaunchPath):
         """Also the cluster config as Ray will get it, and access to its provider:
         kept as the session's cluster lifetime (no cluster exists yet)."""
         settings: DictConfig = session.config.hydra.launcher
-        check_launch_preconditions(settings)
+        storage = settings.sync_down.storage
+        check_launch_preconditions(settings, storage_problems(storage))
+        if storage is not None:
+            check_reachable(str(storage))
         cluster_config = named_cluster(
             cluster_config_for_ray(settings), settings, str(session.config.hydra.job.name)
         )
@@ -110,10 +127,6 @@ class OnCluster(skeleton.LaunchPath):
         )
         # A job whose ray.remote does not resolve is refused here, before the cluster.
         spec = build_job_spec(session, book, remaining, _code_dir(settings.sync_up))
-        there = sweep_dir_on_cluster(spec.sweep_dir)
-        if there != spec.sweep_dir:  # a path of this machine: in the head's temp dir
-            state = dataclasses.replace(spec.state, sweep_dir=there)
-            spec = dataclasses.replace(spec, sweep_dir=there, state=state)
         return outcomes + _run_on_cluster(session.lifetime, spec, settings, book)
 
 
@@ -138,9 +151,10 @@ def _run_on_cluster(
             _ship_plugin(cluster, remote_tmp.path, local_tmp)
             _sync_up(cluster, settings.sync_up, remote_tmp.path, local_tmp)
             cluster.rsync_up(str(spec_file), f"{remote_tmp.path}/{JOB_SPEC}")
+            stored = _plan_storage(cluster, settings.sync_down, spec.sweep_dir, remote_tmp.path)
             # Noted before it starts: a launcher killed right after leaves a driver
             # that a resume must find.
-            note_detached_run(sweep_dir, DRIVERS, remote_tmp.path, jobs)
+            note_detached_run(sweep_dir, DRIVERS, remote_tmp.path, jobs, more=stored)
             try:
                 cluster.run(driver_command(remote_tmp.path, spec.code_dir))
                 log.info(
@@ -148,6 +162,20 @@ def _run_on_cluster(
                     f"this process or its connection goes: then {book.resume_hint()} "
                     "follows it again and brings everything home"
                 )
+                if stored:
+                    log.info(
+                        "As the batch ends, its results also go to sync_down.storage="
+                        f"{redacted(stored['storage'])}: if nobody brings them home from the "
+                        "head, the resume command fetches them there"
+                        + (", and the cluster tears itself down" if cluster.autodown else "")
+                    )
+                elif cluster.autodown is not None:
+                    log.info(
+                        "If nobody brings them home, the results wait on the head until the "
+                        f"cluster has been idle for {cluster.autodown.minutes:g} min after the "
+                        f"driver ends (not before {autodown_deadline(cluster)}): then it tears "
+                        "itself down with them (hydra.launcher.autodown_minutes)"
+                    )
                 _follow(cluster, remote_tmp.path, float(settings.reconnect_s), from_start=True)
             finally:
                 # Whatever finished comes home, also when the driver failed or was stopped.
@@ -155,7 +183,72 @@ def _run_on_cluster(
                     cluster, remote_tmp, settings.sync_down, sweep_dir, local_tmp, jobs=jobs
                 )
             note_detached_run_home(sweep_dir, DRIVERS, remote_tmp.path)
+            _remove_stored(stored)
             return _outcomes_home(returns, settings, sweep_dir, spec.sweep_dir)
+
+
+def _plan_storage(
+    cluster: Cluster, sync: DictConfig, cluster_sweep: str, remote_tmp: str
+) -> dict[str, str]:
+    """With sync_down.storage: the plan that has the driver put its results
+    there (BUNDLE_PLAN, in its working dir); where they will be, to note."""
+    if sync.storage is None:
+        return {}
+    key = f"{cluster.name}-{Path(remote_tmp).name}.tar"
+    source = sync.source_dir
+    plan = {
+        "name": key,
+        "sweep_dir": cluster_sweep,
+        # As rsync names it on the head: relative to the home dir.
+        "outputs_dir": None if source is None else os.path.join("~", str(source)),
+        "include": list(sync.include),
+        "exclude": list(sync.exclude),
+        "storage": str(sync.storage),
+    }
+    cluster.run(
+        f"cd {shlex.quote(remote_tmp)} && echo {shlex.quote(json.dumps(plan))} > {BUNDLE_PLAN}"
+    )
+    return {"storage": str(sync.storage), "key": key}
+
+
+def _remove_stored(stored: Mapping[str, Any]) -> None:
+    """The storage's copy of results that came home (from the head or from it)."""
+    if stored.get("storage"):
+        key = str(stored["key"])
+        remove_quietly(str(stored["storage"]), key, stored_sidecar(key))
+
+
+def _from_storage(
+    noted: Mapping[str, Any], settings: DictConfig, sweep_dir: Path, local_tmp: Path
+) -> list[JobOutcome] | None:
+    """The outcomes of a driver that put its results in sync_down.storage (its
+    cluster may be gone), brought home from there; None if they are not there
+    whole (the driver did not end, or could not store them)."""
+    if not noted.get("storage"):
+        return None
+    storage, key = str(noted["storage"]), str(noted["key"])
+    try:
+        if not exists(storage, stored_sidecar(key)):
+            return None
+        fetch(storage, stored_sidecar(key), local_tmp / "stored.json")
+        where = json.loads((local_tmp / "stored.json").read_text())
+        fetch_checked(where, local_tmp / key)
+    except (OSError, ValueError) as exc:
+        log.warning(f"Could not fetch the results from {redacted(storage)} as {key}: {exc}")
+        return None
+    sync = settings.sync_down
+    home = _outputs_home(sync, sweep_dir)
+    target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
+    idxs, returns = unpack_bundle(local_tmp / key, local_tmp / "unpacked", sweep_dir, target)
+    given = sweep_dir_on_cluster(str(sweep_dir))
+    if home is not None:
+        move_records_home(sweep_dir, idxs, given, home)
+    log.info(f"Brought home the results of jobs {_nums(idxs)} from {redacted(storage)}")
+    _remove_stored(noted)
+    if returns is not None:
+        return _outcomes_home(returns, settings, sweep_dir, given)
+    found = (read_record(sweep_dir, idx) for idx in idxs)
+    return [o for o in found if o is not None]
 
 
 def _outcomes_home(
@@ -182,6 +275,12 @@ def _reattach(
     for remote_path, noted in detached_runs(book.sweep_dir, DRIVERS).items():
         jobs = {int(i) for i in noted.get("jobs", [])}
         if noted.get("home") or not jobs & wanted:
+            continue
+        with scratch_dir("hydra-ray-cluster") as local_tmp:
+            stored = _from_storage(noted, settings, book.sweep_dir, local_tmp)
+        if stored is not None:
+            note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
+            got.update((o.idx, o) for o in stored if o.idx in wanted and o.status != INTERRUPTED)
             continue
         if not lifetime.head_runs():
             log.warning(
@@ -374,13 +473,14 @@ def _bring_home_from_head(
     # Until the gather is known to have ended: outputs may still be on other nodes.
     left = "; outputs of jobs on other nodes may not be on the head yet"
     try:
-        left = _gathered(cluster, remote_tmp.path, sweep_dir)
+        left, on_nodes = _gathered(cluster, remote_tmp.path, sweep_dir)
         cluster.run(f"mkdir -p {shlex.quote(records.source)}")
         records.run(cluster)
         pending.remove(records)
         home = _outputs_home(sync, sweep_dir)
         if home is not None:  # the records say where the jobs wrote on the head: now here
             move_records_home(sweep_dir, jobs, sweep_dir_on_cluster(str(sweep_dir)), home)
+        _mark_outputs_left(sweep_dir, jobs, on_nodes, head_sweep, home)
         if _head_has(cluster, f"{remote_tmp.path}/{RETURNS}"):
             cluster.rsync_down(f"{remote_tmp.path}/{RETURNS}", str(returns))
         log.info(f"Bringing home the outputs: the head's {source} to {target}")
@@ -444,11 +544,14 @@ def _keep(
     cluster.keep_for(Leftovers(what=what, commands=commands, interrupted=interrupted))
 
 
-def _gathered(cluster: Cluster, remote_tmp: str, sweep_dir: Path) -> str:
+def _gathered(
+    cluster: Cluster, remote_tmp: str, sweep_dir: Path
+) -> tuple[str, list[dict[str, Any]]]:
     """Make sure every node's outputs are on the head: the driver's gather report
     says so, or the driver did not finish (or not its gather) and `gather` runs
     (it stops the driver if it still runs). Returns what is still on other
-    nodes ("; ..."), or "" when everything is on the head."""
+    nodes ("; ...", or "" when everything is on the head), and the report's
+    entries of the nodes that kept them ({"node", "paths", ...})."""
     report = _gather_report(cluster, remote_tmp)
     if report is None or not report.get("complete"):
         log.warning("Gathering the outputs of the jobs that finished on the cluster's nodes")
@@ -458,14 +561,41 @@ def _gathered(cluster: Cluster, remote_tmp: str, sweep_dir: Path) -> str:
             log.error(f"Could not gather the outputs on the cluster's nodes: {exc}")
         report = _gather_report(cluster, remote_tmp)
     if report is None:
-        return "; the outputs on the cluster's other nodes could not be gathered onto the head"
+        return "; the outputs on the cluster's other nodes could not be gathered onto the head", []
     if not report.get("complete"):
+        entries = [e for e in report.get("left", []) if isinstance(e, dict)]
         nodes = ", ".join(
             f"{entry.get('node')} ({', '.join(map(str, entry.get('paths', [])))})"
-            for entry in report.get("left", [])
+            for entry in entries
         )
-        return f"; outputs are still on other nodes of the cluster: {nodes or 'unknown'}"
-    return ""
+        return f"; outputs are still on other nodes of the cluster: {nodes or 'unknown'}", entries
+    return "", []
+
+
+def _mark_outputs_left(
+    sweep_dir: Path,
+    jobs: Sequence[int],
+    on_nodes: list[dict[str, Any]],
+    head_sweep: str,
+    home: Path | None,
+) -> None:
+    """The records, and so the summary, of the jobs whose outputs stayed on a
+    node say where they are (a job that succeeded there is not all home)."""
+    where: dict[str, str] = {}
+    for entry in on_nodes:
+        for path in entry.get("paths", []):
+            rel = os.path.relpath(str(path), head_sweep)
+            if not rel.startswith(".."):
+                where[rel] = f"on node {entry.get('node')}: {path}"
+    for idx in jobs if where else ():
+        outcome = read_record(sweep_dir, idx)
+        if outcome is None or outcome.job_dir is None:
+            continue
+        job_dir = outcome.job_dir
+        base = str(home) if home is not None and Path(job_dir).is_relative_to(home) else head_sweep
+        rel = os.path.relpath(job_dir, base)
+        if rel in where:
+            write_record(sweep_dir, dataclasses.replace(outcome, outputs_left=where[rel]))
 
 
 def _gather_report(cluster: Cluster, remote_tmp: str) -> dict[str, Any] | None:

@@ -15,7 +15,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 import urllib.parse
 import warnings
@@ -35,11 +34,9 @@ from hydra_ray.checks.validate import (
     sweep_problems,
     without_nulls,
 )
-from hydra_ray.core.digest import file_digest
 from hydra_ray.core.errors import ConfigError, DriverError, LostDashboardError, OutputsNotHomeError
 from hydra_ray.core.jobs import INTERRUPTED, JobOutcome
 from hydra_ray.core.records import (
-    RECORD_DIR,
     detached_runs,
     move_records_home,
     moved_home,
@@ -50,19 +47,18 @@ from hydra_ray.core.records import (
 from hydra_ray.core.redact import redacted
 from hydra_ray.driver.protocol import (
     BUNDLE_MARK,
-    BUNDLE_OUTPUTS,
     BUNDLE_PLAN,
-    BUNDLE_RECORDS,
     DRIVER_MODULE,
     JOB_SPEC,
     PLUGIN_DIR,
-    RETURNS,
     load_outcomes,
     stage_plugin,
+    sweep_dir_on_cluster,
+    unpack_bundle,
 )
 from hydra_ray.engine.worker import dumps_for_cluster
 from hydra_ray.infra.scratch import scratch_dir
-from hydra_ray.infra.storage import storage_problems
+from hydra_ray.infra.storage import check_pack, fetch_checked, remove_quietly, storage_problems
 from hydra_ray.infra.sync import rsync_command
 from hydra_ray.launch import skeleton
 from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec
@@ -580,7 +576,7 @@ def _stage(
     down = settings.sync_down
     plan = {
         "name": f"{submission_id}.tar",
-        "sweep_dir": str(book.sweep_dir),
+        "sweep_dir": spec.sweep_dir,
         "include": list(down.include),
         "exclude": list(down.exclude),
         "storage": down.storage,
@@ -793,7 +789,7 @@ def _bring_pack_home(
     stored = where.get("storage")
     try:
         if stored:
-            _fetch_stored(where, local)
+            fetch_checked(where, local)
         else:
             _download(dashboard, where, local)
     except (OSError, ValueError) as exc:
@@ -806,26 +802,14 @@ def _bring_pack_home(
         raise OutputsNotHomeError(
             f"The results did not come home ({exc}): they stay {there}"
         ) from exc
-    unpacked = tmp / "unpacked"
-    with tarfile.open(local) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(unpacked, filter="data")
-        else:  # pragma: no cover - Pythons without extraction filters
-            tar.extractall(unpacked)
     target_dir = _home_dir(settings, book)
-    if (unpacked / BUNDLE_RECORDS).is_dir():
-        shutil.copytree(unpacked / BUNDLE_RECORDS, book.sweep_dir / RECORD_DIR, dirs_exist_ok=True)
-        # The records say where the jobs wrote on the cluster: now they say here.
-        came = (p.stem.removeprefix("job_") for p in (unpacked / BUNDLE_RECORDS).glob("job_*.pkl"))
-        idxs = sorted(int(i) for i in came if i.isdecimal())
-        move_records_home(book.sweep_dir, idxs, str(book.sweep_dir), target_dir)
-    if (unpacked / BUNDLE_OUTPUTS).is_dir():
-        shutil.copytree(unpacked / BUNDLE_OUTPUTS, target_dir, dirs_exist_ok=True)
-        log.info(f"Brought home the outputs ({where['size'] / 2**20:.1f} MiB pack) to {target_dir}")
+    idxs, returns = unpack_bundle(local, tmp / "unpacked", book.sweep_dir, target_dir)
+    # The records say where the jobs wrote on the cluster: now they say here.
+    move_records_home(book.sweep_dir, idxs, sweep_dir_on_cluster(str(book.sweep_dir)), target_dir)
+    log.info(f"Brought home the outputs ({where['size'] / 2**20:.1f} MiB pack) to {target_dir}")
     if stored:
-        _remove_stored(where)
-    returns = unpacked / RETURNS
-    return returns if returns.is_file() else None
+        remove_quietly(where["storage"], where["key"])
+    return returns
 
 
 def _home_dir(settings: DictConfig, book: SweepBook) -> Path:
@@ -837,33 +821,8 @@ def _home_dir(settings: DictConfig, book: SweepBook) -> Path:
 def _outcomes_home(returns: Path, settings: DictConfig, book: SweepBook) -> list[JobOutcome]:
     """The driver's outcomes, with the paths where the jobs' files came home."""
     home = _home_dir(settings, book)
-    return [moved_home(o, str(book.sweep_dir), home) for o in load_outcomes(str(returns))]
-
-
-def _fetch_stored(where: Mapping[str, Any], local: Path) -> None:
-    """The pack, from sync_down.storage, checked (size, sha256)."""
-    from hydra_ray.infra.storage import fetch
-
-    fetch(where["storage"], where["key"], local)
-    _check_pack(local, where)
-
-
-def _remove_stored(where: Mapping[str, Any]) -> None:
-    """The storage's copy, once everything it held is home."""
-    from hydra_ray.infra.storage import remove
-
-    try:
-        remove(where["storage"], where["key"])
-    except OSError as exc:
-        log.warning(f"Could not remove {where['key']} from {redacted(where['storage'])} ({exc})")
-
-
-def _check_pack(local: Path, where: Mapping[str, Any]) -> None:
-    size, sha256 = file_digest(local)
-    if size != where["size"] or sha256 != where["sha256"]:
-        raise ValueError(
-            f"the pack arrived damaged ({size} bytes of {where['size']}, or another sha256)"
-        )
+    given = sweep_dir_on_cluster(str(book.sweep_dir))
+    return [moved_home(o, given, home) for o in load_outcomes(str(returns))]
 
 
 def _download(dashboard: Dashboard, where: Mapping[str, Any], local: Path) -> None:
@@ -881,4 +840,4 @@ def _download(dashboard: Dashboard, where: Mapping[str, Any], local: Path) -> No
         with open(local, "wb") as out:
             for chunk in r.iter_content(chunk_size=1 << 20):
                 out.write(chunk)
-    _check_pack(local, where)
+    check_pack(local, where)

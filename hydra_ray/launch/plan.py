@@ -33,6 +33,7 @@ from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.jobs import Job
 from hydra_ray.core.redact import redacted
 from hydra_ray.engine.report import describe, described
+from hydra_ray.infra.storage import storage_problems
 from hydra_ray.infra.sync import rsync_command
 
 if TYPE_CHECKING:
@@ -297,6 +298,11 @@ def plan_sync(plan: Plan, settings: DictConfig) -> None:
         f"sync_down: {down.source_dir or 'the sweep dir on the cluster'} -> "
         f"{down.target_dir or 'the local sweep dir'}{filters_text(down)}"
     )
+    if down.get("storage"):
+        lines.append(
+            f"sync_down.storage: each batch's results also go to {redacted(down.storage)} "
+            "(a resume fetches them there when the cluster is gone)"
+        )
     plan.add("Transfers", lines)
 
 
@@ -513,6 +519,7 @@ def dry_run_cluster(
     settings = config.hydra.launcher
     plan_sweep(plan, hydra_context, config, job_overrides, first)
     plan.problems += [str(p) for p in cluster_launch_problems(settings)]
+    plan.problems += [str(p) for p in storage_problems(settings.sync_down.storage)]
     cluster = plan.check(
         lambda: named_cluster(
             cluster_config_for_ray(settings), settings, str(config.hydra.job.name)

@@ -4,6 +4,7 @@ them, then write sweep_summary.json and show the summary table, also when the
 run is interrupted. Runs on the user's machine for every launcher. Also the
 Session: what a launch path keeps across the sweeper's batches."""
 
+import dataclasses
 import logging
 import shlex
 import shutil
@@ -37,7 +38,7 @@ from hydra_ray.core.records import (
     write_manifest,
     write_summary,
 )
-from hydra_ray.driver.protocol import JobSpec
+from hydra_ray.driver.protocol import JobSpec, sweep_dir_on_cluster
 from hydra_ray.engine.report import describe, summary_table, want_live
 from hydra_ray.engine.worker import ShippedState, capture_sweep_state, composed_here
 
@@ -389,12 +390,18 @@ def build_job_spec(
     context, config = session.hydra_context, session.config
     configs = composed_here(context, config, current.to_run)
     for_sweep(context, config, configs).resolve_ahead(current.to_run)
+    state = capture_sweep_state(context, session.task_function, config)
+    # An absolute sweep dir is a path of this machine: on the cluster it lives in
+    # the driver's working dir, as a relative one does, and comes home.
+    there = sweep_dir_on_cluster(str(book.sweep_dir))
+    if there != str(book.sweep_dir):
+        state = dataclasses.replace(state, sweep_dir=there)
     return JobSpec(
-        state=capture_sweep_state(context, session.task_function, config),
+        state=state,
         jobs=current.to_run,
         configs=configs,
         init=plain_dict(config.hydra.launcher.ray.init),
-        sweep_dir=str(book.sweep_dir),
+        sweep_dir=there,
         code_dir=code_dir,
         policy=book.settings.policy,
         live=book.settings.live,

@@ -10,9 +10,11 @@ with the node's address) plus no conda env is set, as command-line overrides.
 """
 
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -305,6 +307,8 @@ def test_stop_cluster_false_keeps_cluster_running(
         assert len(running) == 1, running
         assert _tags(running[0]).get("ray-cluster-name") == cluster_name
         assert aws_hosts.ray_processes(AWS_HOST) != []
+        # Kept as asked: it does not tear itself down when idle.
+        assert [p for p in aws_hosts.processes(AWS_HOST) if "autodown" in p.cmdline] == []
         print(f"stop_cluster=false sweep: {seconds:.1f} s for the app")
     finally:
         # The command the user was told to run, in the same netns and env.
@@ -320,3 +324,47 @@ def test_stop_cluster_false_keeps_cluster_running(
     assert down is not None and down.returncode == 0, down.stdout[-5000:] if down else None
     assert running_instances(moto_server) == []
     _assert_instance_host_clean(aws_hosts)
+
+
+def test_a_cluster_whose_launcher_is_gone_terminates_its_instances(
+    aws_hosts: FakeHosts, moto_server: MotoServer, tmp_path: Path, cluster_name: str
+) -> None:
+    """kill -9 of the launching process mid-sweep (a closed laptop): the driver
+    finishes the jobs on the head, and once the cluster has run nothing for
+    hydra.launcher.autodown_minutes the head runs Ray's own teardown there,
+    which reaches (fake) EC2 as the launcher's does: every instance terminated."""
+    from .test_cluster_faults import RunningApp
+
+    overrides = [
+        o for o in fake_aws_overrides(cluster_name) if not o.startswith("hydra.launcher.env_setup")
+    ]
+    run = RunningApp(
+        aws_hosts,
+        tmp_path,
+        "x=1,2",
+        "seconds=0.5",
+        "slow_first=[2]",
+        "slow_seconds=5",
+        "hydra/launcher=ray_aws",
+        "hydra.launcher.autodown_minutes=0.2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *overrides,
+        env=moto_server.env,
+    )
+    try:
+        run.wait_for("started on 172.31.", timeout=300)
+        assert "then it tears itself down with them" in run.output, run.output[-5000:]
+        assert len(running_instances(moto_server)) == 1
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.wait()
+        deadline = time.monotonic() + 240
+        while running_instances(moto_server):
+            assert time.monotonic() < deadline, "the cluster did not tear itself down"
+            time.sleep(2)
+        for inst in all_instances(moto_server):
+            assert inst["State"]["Name"] in ("shutting-down", "terminated"), inst["State"]
+        (log,) = aws_hosts.host_path(AWS_HOST, "~/.hydra_ray/autodown").glob("*/log")
+        assert "teardown ended with status 0" in log.read_text(), log.read_text()
+        assert aws_hosts.wait_no_ray_processes(AWS_HOST, timeout=60) == []
+    finally:
+        run.kill()

@@ -5,10 +5,13 @@ import json
 from pathlib import Path
 
 import pytest
+from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from hydra_plugins.hydra_ray_launcher._config import RsyncConf
 from hydra_ray.core.errors import ClusterCommandError, OutputsNotHomeError
+from hydra_ray.core.jobs import JobOutcome
+from hydra_ray.core.records import read_record, write_record, write_summary
 from hydra_ray.infra.autoscaler import Cluster, RemoteTmp
 from hydra_ray.launch.cluster import _bring_home_from_head
 
@@ -85,6 +88,35 @@ def test_outputs_left_on_a_node_keep_the_cluster_with_the_commands_that_gather_t
     first, second = cluster.leftovers.commands
     assert first.startswith("ray exec ") and "hydra_ray.driver.head gather" in first
     assert second.startswith("ray rsync-down ")
+
+
+def test_the_summary_of_a_job_whose_outputs_stayed_on_a_node_says_where_they_are(
+    tmp_path: Path,
+) -> None:
+    """Job #1 succeeded on a node that did not give its files (gone, its disk
+    out of reach): its record, and so sweep_summary.json, says where they are."""
+    sweep = tmp_path / "sweep"
+    for idx in (0, 1):
+        ret = JobReturn(overrides=[f"x={idx}"], status=JobStatus.COMPLETED)
+        ret.return_value = idx
+        write_record(
+            sweep,
+            JobOutcome(idx, ret, 0.0, 1.0, "10.0.0.3", job_dir=f"{HEAD_SWEEP}/{idx}"),
+        )
+    left = {"complete": False, "left": [{"node": "10.0.0.3", "paths": [f"{HEAD_SWEEP}/1"]}]}
+    cluster = StandInCluster(tmp_path, [left, left])
+    remote = RemoteTmp(HEAD_TMP)
+    with pytest.raises(OutputsNotHomeError):
+        _bring_home_from_head(
+            cluster, remote, OmegaConf.structured(RsyncConf), sweep, tmp_path, jobs=[0, 1]
+        )
+    outcomes = [read_record(sweep, idx) for idx in (0, 1)]
+    summary = json.loads(write_summary(sweep, [], filter(None, outcomes)).read_text())
+    assert [j["outputs_left"] for j in summary["jobs"]] == [
+        None,
+        f"on node 10.0.0.3: {HEAD_SWEEP}/1",
+    ]
+    assert [j["status"] for j in summary["jobs"]] == ["succeeded", "succeeded"]
 
 
 def test_a_failed_transfer_of_the_outputs_keeps_them_after_the_records_came_home(

@@ -3,10 +3,12 @@ cluster it created is torn down on every path, and what finished comes home."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -249,6 +251,116 @@ def test_a_killed_launcher_leaves_the_jobs_running_and_a_resume_brings_them_home
         fake_hosts.kill_leftovers()
 
 
+def test_a_cluster_whose_launcher_is_gone_tears_itself_down_once_idle(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    """kill -9 of the launching process mid-sweep and nobody comes back: the
+    driver on the head finishes the jobs, and once the cluster has run nothing
+    for hydra.launcher.autodown_minutes it tears itself down with Ray's own
+    teardown: no Ray process is left on either host, and the head's watchdog
+    log says why. The submission log said when, at the earliest."""
+    cluster_yaml = _cluster_yaml(fake_hosts, tmp_path, "adn")
+    name = yaml.safe_load(cluster_yaml.read_text())["cluster_name"]
+    run = RunningApp(
+        fake_hosts,
+        tmp_path,
+        "x=1,2",
+        "seconds=0.5",
+        "slow_first=[2]",
+        "slow_seconds=8",
+        "hydra/launcher=ray_cluster",
+        "hydra.launcher.autodown_minutes=0.2",
+        f"hydra.launcher.cluster_yaml={cluster_yaml}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
+    try:
+        run.wait_for("started on 127.0.0.3")
+        assert "then it tears itself down with them" in run.output, run.output
+        assert "(not before " in run.output, run.output
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.wait()
+        for host in ("head", "worker"):
+            assert fake_hosts.wait_no_ray_processes(host, timeout=180) == [], host
+        log = fake_hosts.host_path("head", f"~/.hydra_ray/autodown/{name}/log").read_text()
+        assert "tearing the cluster down" in log, log
+        # Not before the driver had ended: the jobs finished, and their results
+        # waited on the head (kept on these hosts' disks, gone with a cloud's).
+        (launch,) = fake_hosts.host_path("head", "/tmp").glob("hydra-ray-*")
+        assert (launch / "driver.rc").read_text().strip() == "0"
+        assert (launch / "sweep" / "1" / "done_1.json").is_file()
+        assert [p for p in fake_hosts.processes("head") if "autodown" in p.cmdline] == []
+    finally:
+        run.kill()
+        fake_hosts.kill_leftovers()
+        for host in ("head", "worker"):
+            for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
+                shutil.rmtree(leftover)
+
+
+def test_results_in_the_storage_let_a_gone_launcher_s_cluster_go_and_a_resume_fetch_them(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    """kill -9 of the launching process with sync_down.storage: the driver puts
+    the batch's results in the storage as it ends, the cluster tears itself down
+    without waiting for autodown_minutes, and the resume fetches the results
+    there, creating no cluster: every output home, each job run once, nothing
+    left in the storage or on the hosts."""
+    # Seen alike by this machine and the head (each fake host has its own /tmp).
+    store = Path(tempfile.mkdtemp(prefix="hydra-ray-store-", dir="/var/tmp"))
+    sweep = tmp_path / "sweep"
+    cluster_yaml = _cluster_yaml(fake_hosts, tmp_path, "sto")
+    name = yaml.safe_load(cluster_yaml.read_text())["cluster_name"]
+    args = [
+        "x=1,2",
+        "seconds=0.5",
+        "slow_first=[2]",
+        "slow_seconds=8",
+        "hydra/launcher=ray_cluster",
+        "hydra.launcher.autodown_minutes=3",
+        f"hydra.launcher.sync_down.storage=file://{store}",
+        f"hydra.launcher.cluster_yaml={cluster_yaml}",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    run = RunningApp(fake_hosts, tmp_path, *args)
+    try:
+        run.wait_for("started on 127.0.0.3")
+        assert "its results also go to sync_down.storage=file://" in run.output, run.output
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.wait()
+        for host in ("head", "worker"):
+            assert fake_hosts.wait_no_ray_processes(host, timeout=240) == [], host
+        log = fake_hosts.host_path("head", f"~/.hydra_ray/autodown/{name}/log").read_text()
+        idle = re.search(r"idle for (\d+) s", log)
+        assert idle is not None and int(idle.group(1)) < 3 * 60, log
+        assert not (sweep / "1" / "done_1.json").exists()
+        res = _run(
+            fake_hosts,
+            tmp_path,
+            tmp_path / "app",
+            "app.py",
+            "--multirun",
+            *args,
+            "hydra.launcher.resume=true",
+        )
+        assert res.returncode == 0, res.stdout
+        assert "Brought home the results of jobs #0, #1 from file://" in res.stdout, res.stdout
+        assert "Creating or updating cluster" not in res.stdout, res.stdout
+        for num in range(2):
+            assert (sweep / str(num) / f"done_{num}.json").is_file(), res.stdout
+            assert len((sweep / str(num) / f"runs_{num}").read_text().split()) == 1, num
+        summary = json.loads((sweep / "sweep_summary.json").read_text())
+        assert [j["return_value"] for j in summary["jobs"]] == [10, 20]
+        assert list(store.iterdir()) == []
+        _no_leftovers(fake_hosts, sweep)
+    finally:
+        run.kill()
+        fake_hosts.kill_leftovers()
+        shutil.rmtree(store, ignore_errors=True)
+        for host in ("head", "worker"):
+            for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
+                shutil.rmtree(leftover)
+
+
 def test_a_lost_connection_to_the_head_is_made_again_and_the_sweep_ends_as_usual(
     fake_hosts: FakeHosts, tmp_path: Path
 ) -> None:
@@ -331,6 +443,57 @@ def test_a_worker_whose_ray_dies_mid_sweep_is_no_reason_to_keep_the_cluster(
         fake_hosts.kill_leftovers()
         # The dead worker keeps its killed attempts' files (in the launch's temp
         # dir there): not for the next tests on these hosts to find.
+        for host in ("head", "worker"):
+            for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
+                shutil.rmtree(leftover)
+
+
+def test_a_worker_whose_ray_dies_after_a_job_finished_there_still_gives_its_outputs(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    """A worker's Ray killed right after a job finished there, its disk and ssh
+    still up: Ray cannot reach the job's files any more, so the head fetches
+    them over ssh, as its autoscaler reaches the node. The job succeeded with
+    its outputs home; the job that ran there when Ray died is run again by Ray
+    (max_retries) once the autoscaler restarted the node's Ray; the summary and
+    the files at home agree; the cluster is torn down, nothing left."""
+    sweep = tmp_path / "sweep"
+    run = RunningApp(
+        fake_hosts,
+        tmp_path,
+        "x=1,2",
+        "seconds=0.5",
+        "slow_first=[2]",
+        "slow_seconds=30",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'wgone')}",
+        f"hydra.sweep.dir={sweep}",
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (
+            _on_host(fake_hosts, "worker", "0/done_0.json")
+            and _on_host(fake_hosts, "worker", "1/started_1")
+        ):
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.output
+            time.sleep(0.3)
+        killed = fake_hosts.run_on_host("worker", ["pkill", "-KILL", "-f", "raylet"])
+        assert killed.returncode == 0
+        assert run.wait(timeout=300) == 0, run.output
+        assert "gathered its job dirs over ssh" in run.output, run.output
+        assert "run again by Ray after its first process died" in run.output, run.output
+        summary = json.loads((sweep / "sweep_summary.json").read_text())
+        assert [j["status"] for j in summary["jobs"]] == ["succeeded", "succeeded"], run.output
+        assert not any(j.get("outputs_left") for j in summary["jobs"]), summary
+        assert (sweep / "0" / "done_0.json").is_file(), run.output
+        assert (sweep / "1" / "done_1.json").is_file(), run.output
+        assert "Could not remove" not in run.output, run.output
+        assert "NOT ALL OUTPUTS ARE HOME" not in run.output
+        assert "Deleted the cluster" in run.output, run.output
+        _no_leftovers(fake_hosts, sweep)
+    finally:
+        run.kill()
+        fake_hosts.kill_leftovers()
         for host in ("head", "worker"):
             for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
                 shutil.rmtree(leftover)

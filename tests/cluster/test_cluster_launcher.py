@@ -104,11 +104,13 @@ def _sync_overrides() -> list[str]:
 
 
 def _no_leftovers(hosts: FakeHosts, sweep: Path | None = None) -> None:
-    """No temp dir and no Ray process left on the hosts; and no `sweep` (an absolute
+    """No temp dir, no Ray process and no watchdog left on the hosts; and no `sweep` (an absolute
     sweep dir, a path of the launching machine: the cluster keeps it in its temp dir)."""
     for host in ("head", "worker"):
         assert list(hosts.host_path(host, "/tmp").glob("hydra-ray-*")) == [], host
         assert hosts.wait_no_ray_processes(host, timeout=60) == [], host
+        # The autodown watchdog: disarmed before the launcher's own teardown.
+        assert [p for p in hosts.processes(host) if "autodown" in p.cmdline] == [], host
         if sweep is not None:
             assert not hosts.host_path(host, sweep).exists(), host
 

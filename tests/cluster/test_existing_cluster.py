@@ -263,14 +263,19 @@ def _dashboard_port_alone(hosts: FakeHosts) -> Iterator[str]:
 
 
 def _jobs_sweep(
-    tmp_path: Path, dashboard: str, *overrides: str, env: dict[str, str] | None = None
+    tmp_path: Path,
+    dashboard: str,
+    *overrides: str,
+    env: dict[str, str] | None = None,
+    sweep_dir: str = "sweep",
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """tests/apps/app.py through ray_jobs, run from this process; its sweep dir."""
     app_dir = tmp_path / "app"
     shutil.copytree(REPO / "tests" / "apps", app_dir)
     launcher = ["hydra/launcher=ray_jobs", f"hydra.launcher.address={dashboard}"]
+    sweep = f"hydra.sweep.dir={sweep_dir}"
     res = subprocess.run(
-        [sys.executable, "app.py", "--multirun", *overrides, *launcher, "hydra.sweep.dir=sweep"],
+        [sys.executable, "app.py", "--multirun", *overrides, *launcher, sweep],
         env={**launcher_env(tmp_path), "RAY_AUTH_MODE": "disabled", **(env or {})},
         cwd=app_dir,
         stdout=subprocess.PIPE,
@@ -278,7 +283,7 @@ def _jobs_sweep(
         text=True,
         timeout=300,
     )
-    return res, app_dir / "sweep"
+    return res, app_dir / sweep_dir
 
 
 def test_ray_jobs_runs_a_sweep_on_both_nodes_through_the_dashboard_port_alone(
@@ -296,6 +301,9 @@ def test_ray_jobs_runs_a_sweep_on_both_nodes_through_the_dashboard_port_alone(
             "raise_on=[4]",
             # (Without SPREAD, Ray was seen to put all four on one node.)
             "hydra.launcher.ray.remote.scheduling_strategy=SPREAD",
+            # A path of this machine (each fake host has its own /tmp): on the
+            # cluster it lives in the Ray job's working dir, then comes here.
+            sweep_dir=str(tmp_path / "exp" / "sweep"),
         )
         out = res.stdout
         assert res.returncode != 0, out  # job #3 raises
@@ -319,6 +327,7 @@ def test_ray_jobs_runs_a_sweep_on_both_nodes_through_the_dashboard_port_alone(
             time.sleep(0.5)
         assert str(client.get_job_status(cleanup.group(1))) == "SUCCEEDED"
     for host in NODES:
+        assert not fake_hosts.host_path(host, tmp_path / "exp").exists(), host
         ray_tmp = fake_hosts.host_path(host, "/tmp/ray")
         left = list(ray_tmp.glob("session_*/runtime_resources/working_dir_files/*/sweep/*/*"))
         assert left == [], (host, left)
