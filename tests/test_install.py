@@ -2,6 +2,7 @@
 default editable mode) and a wheel both leave the launchers where Hydra's plugin
 scan finds them."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -96,3 +97,164 @@ def test_the_package_metadata_builds_without_warnings(hydra_venv: Path, tmp_path
     warnings = [ln for ln in res.stderr.splitlines() if "warn" in ln.lower()]
     # (pip's own notes on this machine's index locations are no build warnings)
     assert not [w for w in warnings if not w.startswith("WARNING: Location")], warnings
+
+
+def _site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+PLUGIN = "hydra_plugins.hydra_ray_launcher"
+_PRINT_LAUNCHER = ("my_app.py", "hydra/launcher=ray", "--cfg", "hydra", "-p", "hydra.launcher")
+
+
+def test_installing_over_the_1x_plugin_replaces_it(hydra_venv: Path, tmp_path: Path) -> None:
+    """The package index's hydra-ray-launcher (1.2.2, the plugin this one
+    replaces) has the same distribution name and package path: pip uninstalls
+    it when it installs this one, and no file of it is left for Hydra to scan."""
+    python = hydra_venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "-q", "--no-deps"]
+    plugin_dir = _site_packages(python) / "hydra_plugins" / "hydra_ray_launcher"
+    try:
+        subprocess.run([*pip, "hydra-ray-launcher==1.2.2"], check=True, cwd=tmp_path)
+        assert (plugin_dir / "_core_aws.py").is_file()  # the 1.x plugin is there
+        subprocess.run([*pip, str(_checkout_copy(tmp_path))], check=True, cwd=tmp_path)
+        assert not (plugin_dir / "_core_aws.py").exists()
+        assert not (plugin_dir / "_launcher_util.py").exists()
+        version = subprocess.run(
+            [
+                str(python),
+                "-c",
+                "import hydra_plugins.hydra_ray_launcher as p; print(p.__version__)",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=tmp_path,
+        )
+        assert version.stdout.strip().startswith("2."), version.stdout
+        assert not version.stderr, version.stderr  # nothing left to warn of
+    finally:
+        subprocess.run(
+            [str(python), "-m", "pip", "uninstall", "-q", "-y", "hydra-ray-launcher"], check=True
+        )
+
+
+def test_files_of_the_1x_plugin_beside_this_one_are_named_once(tmp_path: Path) -> None:
+    """A 1.x module left in the plugin's dir (a copy over an old install, a
+    half-done uninstall) and another copy of the package that this one shadows
+    on the path: one warning at the sweep's start names both, with the fix."""
+    checkout = _checkout_copy(tmp_path)
+    left = checkout / "hydra_plugins" / "hydra_ray_launcher" / "_core_aws.py"
+    left.write_text("# a module of hydra-ray-launcher 1.2.2\n")
+    shadowed = tmp_path / "old" / "hydra_plugins" / "hydra_ray_launcher"
+    shadowed.mkdir(parents=True)
+    (shadowed / "__init__.py").write_text('__version__ = "1.2.2"\n')
+    (shadowed / "_launcher_util.py").write_text("# a module of hydra-ray-launcher 1.2.2\n")
+    env = dict(os.environ, PYTHONPATH=f"{checkout}{os.pathsep}{tmp_path / 'old'}")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "my_app.py",
+            "hydra/launcher=ray",
+            "--cfg",
+            "hydra",
+            "-p",
+            "hydra.launcher",
+        ],
+        cwd=checkout / "app",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "RayLauncher" in res.stdout, res.stdout
+    warned = [ln for ln in res.stderr.splitlines() if "files of the 1.x" in ln]
+    assert len(warned) == 1, res.stderr
+    assert str(left) in warned[0], warned
+    assert str(shadowed / "_launcher_util.py") in warned[0], warned
+    assert "pip uninstall hydra-ray-launcher" in warned[0], warned
+    # Without them: not a word.
+    left.unlink()
+    env["PYTHONPATH"] = str(checkout)
+    clean = subprocess.run(
+        [
+            sys.executable,
+            "my_app.py",
+            "hydra/launcher=ray",
+            "--cfg",
+            "hydra",
+            "-p",
+            "hydra.launcher",
+        ],
+        cwd=checkout / "app",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert clean.returncode == 0 and "files of the 1.x" not in clean.stderr, clean.stderr
+
+
+def test_the_wheel_and_sdist_pass_twine_check_and_the_wheel_alone_runs_a_sweep(
+    tmp_path: Path,
+) -> None:
+    """What a release would upload: `python -m build` makes a wheel and an
+    sdist that `twine check --strict` passes (the README renders on the index);
+    the wheel, installed with its dependencies into a clean venv, runs the
+    example sweep on a local Ray of its own, from the venv and not a checkout."""
+    checkout = _checkout_copy(tmp_path)
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(dist), str(checkout)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    wheels, sdists = sorted(dist.glob("*.whl")), sorted(dist.glob("*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, list(dist.iterdir())
+    checked = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(wheels[0]), str(sdists[0])],
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("PASSED") == 2, checked.stdout
+
+    root = tmp_path / "venv"
+    venv.create(root, with_pip=True)
+    python = root / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheels[0])], check=True)
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "examples" / "simple", app)
+    sweep = tmp_path / "sweep"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHON"))}
+    res = subprocess.run(
+        [
+            str(python),
+            "my_app.py",
+            "--multirun",
+            "task=1,2",
+            "hydra/launcher=ray",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.launcher.ray.init.address=local",
+            "hydra.launcher.ray.init.num_cpus=1",
+            "hydra.launcher.ray.init.include_dashboard=false",
+        ],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    for num in range(2):
+        assert f"Executing task {num + 1}" in (sweep / str(num) / "my_app.log").read_text()
+    where = subprocess.run(
+        [str(python), "-c", _WHERE], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert all(Path(w).is_relative_to(root) for w in where), where
