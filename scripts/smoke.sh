@@ -2,7 +2,9 @@
 # A smoke run of the plugin on each Python that pyproject.toml declares besides
 # the main venv's: the example sweep on a local Ray, a failing job among good
 # ones, a resume, a ray_jobs round trip with outputs home. Each Python gets its
-# own venv (./.venv-py3.X) with the plugin (editable) and pytest only.
+# own venv (./.venv-py3.X) with the plugin (editable) and pytest only; then the
+# same on the main Python with every dependency at its declared lower bound
+# (./.venv-lowest, shared with tests/test_ray_versions.py).
 # Interpreters are found as python3.X on PATH or in pyenv; one that is absent is
 # named and skipped. Usage: scripts/smoke.sh [3.10 3.12 ...]
 set -euo pipefail
@@ -48,6 +50,23 @@ for version in "${VERSIONS[@]}"; do
   "$venv/bin/python" -c 'import sys, ray, hydra; print("Python", sys.version.split()[0], "Ray", ray.__version__, "Hydra", hydra.__version__)'
   "$venv/bin/python" -m pytest -p no:cacheprovider "${TESTS[@]}"
 done
+# The declared lower bounds of ray, hydra-core, cloudpickle and rich (pyproject.toml's
+# ">=" of each), on the main venv's Python: the same smoke run in ./.venv-lowest.
+lowest=$("$ROOT/.venv/bin/python" - "$ROOT/pyproject.toml" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL).group(1)
+for spec in re.findall(r'"([^"]+)"', deps):
+    name, extras, bound = re.match(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([0-9.]+)", spec).groups()
+    print(f"{name}{extras or ''}=={bound}")
+PY
+)
+venv=$ROOT/.venv-lowest
+[ -x "$venv/bin/python" ] || "$ROOT/.venv/bin/python" -m venv "$venv"
+# shellcheck disable=SC2086
+"$venv/bin/pip" install -q -e "$ROOT" $lowest "pytest>=8"
+"$venv/bin/python" -c 'import sys, ray, hydra, cloudpickle, rich; from importlib.metadata import version; print("Lower bounds: Python", sys.version.split()[0], "Ray", ray.__version__, "Hydra", hydra.__version__, "cloudpickle", cloudpickle.__version__, "rich", version("rich"))'
+"$venv/bin/python" -m pytest -p no:cacheprovider "${TESTS[@]}"
 if [ ${#skipped[@]} -gt 0 ]; then
   echo "Smoke runs SKIPPED for Python ${skipped[*]} (not on this machine)" >&2
 fi

@@ -152,12 +152,14 @@ def ray_head(
     dashboard_port: int | None = None,
     agent_port: int | None = None,
     temp_dir: str | None = None,
+    ray_bin: Path | None = None,
 ) -> Iterator[tuple[str, int]]:
     """A Ray cluster started with `ray start --head` on this machine (in `env`:
     RAY_AUTH_MODE and HOME decide its token), with a Ray Client server on
-    `client_port` if given; yields its address and the session id of its
-    processes. Stopped after by killing its process group (never `ray stop`,
-    which would stop every Ray on the machine)."""
+    `client_port` if given, by `ray_bin` (another venv's `ray`) or this venv's;
+    yields its address and the session id of its processes. Stopped after by
+    killing its process group (never `ray stop`, which would stop every Ray on
+    the machine)."""
     port = free_port()
     client = [f"--ray-client-server-port={client_port}"] if client_port else []
     dashboard = ["--include-dashboard=false"]
@@ -179,7 +181,7 @@ def ray_head(
     temp_dir = temp_dir or tempfile.mkdtemp(prefix="rc", dir="/tmp")
     head = subprocess.Popen(
         [
-            str(Path(sys.executable).parent / "ray"),
+            str(ray_bin or Path(sys.executable).parent / "ray"),
             "start",
             "--head",
             "--block",

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import venv
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -42,13 +43,17 @@ USER_ENV = {"RAY_AUTH_MODE": "disabled"}
 
 @pytest.fixture(scope="module")
 def head_dashboard_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """The dashboard port of a head whose `python` is this venv's."""
+    """The dashboard port of a head started as `/venv/bin/ray start` with a PATH
+    that does not lead to that venv (a systemd unit, a cron line, a container
+    entrypoint): its `python`, if any, lacks what the driver needs, and the
+    driver runs under the Python that runs its Ray all the same."""
     home = tmp_path_factory.mktemp("head-home")
     env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL}
+    ours = str(Path(sys.executable).parent)
     env.update(
         HOME=str(home),
         RAY_AUTH_MODE="disabled",
-        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+        PATH=os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if d != ours),
     )
     port = free_port()
     with ray_head(env, dashboard_port=port):
@@ -120,6 +125,33 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
     # Once all is home, the cluster's copies go: the sweep dir the jobs filled
     # in the Ray job's working dir, and the pack (this head's files are visible here).
     _the_cluster_keeps_nothing(dashboard, out)
+
+
+def test_the_driver_runs_under_the_python_of_the_cluster_s_ray_or_the_one_named(
+    dashboard: str, tmp_path: Path
+) -> None:
+    """The module's head has this venv's Ray and a PATH without this venv: the
+    sweeps above ran under its Ray's Python. One named by
+    hydra.launcher.entrypoint_python is used instead, and named in the error
+    when it lacks what the driver needs (a bare venv here)."""
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)
+    python = bare / "bin" / "python"
+    res = _sweep(dashboard, tmp_path, "x=1", f"hydra.launcher.entrypoint_python={python}")
+    assert res.returncode != 0, res.output
+    assert f"The cluster's Python ({python}) has no module" in res.output, res.output
+    assert "hydra.launcher.entrypoint_python" in res.output, res.output
+    assert not (tmp_path / "sweep" / "0" / "done_0.json").exists()
+    # A Python that is not there at all: named, with the key to set.
+    res = _sweep(dashboard, tmp_path, "x=1", "hydra.launcher.entrypoint_python=/nowhere/python")
+    assert res.returncode != 0, res.output
+    assert "The cluster's Python (/nowhere/python) is not there on the head" in res.output
+    # And the one of the cluster's Ray: this venv's, although the head's PATH leads elsewhere.
+    again = tmp_path / "again"
+    again.mkdir()
+    res = _sweep(dashboard, again, "x=2")
+    assert res.returncode == 0, res.output
+    assert (again / "sweep" / "0" / "done_0.json").is_file(), res.output
 
 
 def _the_cluster_keeps_nothing(dashboard: str, out: str) -> None:

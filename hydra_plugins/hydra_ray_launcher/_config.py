@@ -468,6 +468,10 @@ class RayJobsLauncherConf(SweepRunConf):
     entrypoint_num_gpus: float | None = None
     entrypoint_memory: int | None = None
     entrypoint_resources: Any = None
+    # The Python on the head that runs the sweep's driver. null: the one that runs the
+    # cluster's Ray (found from the raylet, whatever the head's PATH says), else
+    # `python` on PATH.
+    entrypoint_python: str | None = None
     # After Ctrl-C, seconds the stopped driver has to cancel the jobs and pack what
     # finished before Ray kills it (RAY_JOB_STOP_WAIT_TIME_S).
     stop_wait_s: int = 60

@@ -164,6 +164,36 @@ def driver_state_command(remote_tmp: str) -> str:
     )
 
 
+# The oldest Ray a cluster may run for the driver and the dashboard's APIs we use:
+# pyproject.toml's lower bound of ray (a test holds them equal), tested in CI.
+LOWEST_CLUSTER_RAY = (2, 40)
+# The line a Ray job's entrypoint writes first: the Python it runs the driver with.
+PYTHON_MARK = "HYDRA_RAY_DRIVER_PYTHON="
+
+
+def ray_job_entrypoint(python: str | None, args: str) -> str:
+    """The shell command of a Ray job of ours: Python with ARGS (`-m DRIVER_MODULE
+    ...` for the sweep's driver, `-c ...` for a cleanup), run by
+    `python` if given, else by the Python that runs the cluster's Ray, found
+    whatever the head's PATH says (a `ray start` run as /venv/bin/ray from a
+    systemd unit has its venv's Python, and PATH another): Ray's job supervisor
+    runs this shell, and the raylet, the supervisor's parent, names that Python
+    first in its --python_worker_command (every Ray since 1.x). Where that
+    cannot be read (no /proc: a macOS head), `python` on PATH. The first line of
+    the log names the Python chosen (PYTHON_MARK)."""
+    driver = f'RAY_DEDUP_LOGS=0 exec "$py" {args}'
+    if python:
+        return f'py={shlex.quote(python)}; echo {PYTHON_MARK}"$py"; {driver}'
+    raylet = "$(sed 's/.*) //' /proc/$PPID/stat 2>/dev/null | cut -d' ' -f2)"
+    quoted = 's/^--python_worker_command="\\([^"]*\\)".*/\\1/p'
+    plain = 's/^--python_worker_command=\\([^" ][^ ]*\\).*/\\1/p'
+    find = (
+        f"py=$(tr '\\000' '\\n' < /proc/{raylet}/cmdline 2>/dev/null "
+        f"| sed -n -e '{quoted}' -e '{plain}' | head -n 1)"
+    )
+    return f'{find}; [ -x "$py" ] || py=python; echo {PYTHON_MARK}"$py"; {driver}'
+
+
 def gather_command(remote_tmp: str, sweep_dir: Path) -> str:
     """The shell command, run on the head, that gathers after a failure."""
     tmp = shlex.quote(remote_tmp)

@@ -89,10 +89,28 @@ def _check_listening(host: str, port: int, where: str, address: str) -> None:
     )
 
 
+class _NoTokenAuthentication(Exception):
+    """Stands for Ray's AuthenticationError on a Ray without it: never raised."""
+
+
+def auth_error() -> type[Exception]:
+    """Ray's AuthenticationError (token authentication: Ray 2.52 and later); on
+    an older Ray, a class that nothing raises."""
+    try:
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return _NoTokenAuthentication
+    return AuthenticationError
+
+
 def _check_token(gcs: str, where: str) -> None:
     """Ask the GCS for one value, as Ray would at connect, without its retries."""
-    from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
-    from ray.exceptions import AuthenticationError
+    try:
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+    except ImportError:  # a Ray without token authentication: only whether it is a GCS
+        _probe_gcs(gcs, where)
+        return
+    AuthenticationError = auth_error()
 
     mode = os.environ.get("RAY_AUTH_MODE")
     try:
@@ -131,7 +149,8 @@ def _check_token(gcs: str, where: str) -> None:
 def _probe_gcs(gcs: str, where: str) -> None:
     """Raises AuthenticationError if the GCS wants another token (or one)."""
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
-    from ray.exceptions import AuthenticationError
+
+    AuthenticationError = auth_error()
 
     try:
         with _refusals_unprinted():

@@ -50,8 +50,11 @@ from hydra_ray.driver.protocol import (
     BUNDLE_PLAN,
     DRIVER_MODULE,
     JOB_SPEC,
+    LOWEST_CLUSTER_RAY,
     PLUGIN_DIR,
+    PYTHON_MARK,
     load_outcomes,
+    ray_job_entrypoint,
     stage_plugin,
     sweep_dir_on_cluster,
     unpack_bundle,
@@ -97,11 +100,14 @@ class Dashboard:
         """Ray's client, its first request made: a dashboard that cannot be
         reached, or that refuses the token, is named here, before any upload.
         Raises ConfigError."""
-        from ray.exceptions import AuthenticationError
         from ray.job_submission import JobSubmissionClient
 
+        from hydra_ray.infra.connect import auth_error
+
+        AuthenticationError = auth_error()
+
         try:
-            return JobSubmissionClient(self.address, headers=self.headers, verify=self.verify)
+            client = JobSubmissionClient(self.address, headers=self.headers, verify=self.verify)
         except AuthenticationError as exc:
             raise ConfigError(self._refused(str(exc))) from None
         except ConnectionError:
@@ -115,6 +121,30 @@ class Dashboard:
                 f"{self.address} (hydra.launcher.address) answered, but not as a Ray "
                 f"dashboard's Jobs API ({exc}): give the dashboard's port (8265 by default)"
             ) from None
+        self._check_ray_version()
+        return client
+
+    def _check_ray_version(self) -> None:
+        """Refuse a cluster whose Ray is older than the lowest this plugin works
+        with, as the dashboard's /api/version tells it. Raises ConfigError."""
+        import requests
+
+        try:
+            answer = requests.get(
+                f"{self.address}/api/version", headers=self.headers, verify=self.verify, timeout=30
+            )
+            running = str(answer.json().get("ray_version") or "")
+        except (OSError, ValueError, AttributeError):
+            return  # Ray's client took this dashboard; a late blip is no reason to refuse
+        numbers = re.match(r"(\d+)\.(\d+)", running)
+        if numbers and tuple(int(n) for n in numbers.groups()) < LOWEST_CLUSTER_RAY:
+            lowest = ".".join(str(n) for n in LOWEST_CLUSTER_RAY)
+            raise ConfigError(
+                f"The cluster at {self.address} (hydra.launcher.address) runs Ray {running}: "
+                f"the ray_jobs launcher needs Ray {lowest} or later on the cluster (its driver "
+                f"and the dashboard's APIs it uses). Use a cluster image with Ray >= {lowest}, "
+                "ideally the Ray of this machine"
+            )
 
     def _refused(self, said: str) -> str:
         fix = (
@@ -306,7 +336,9 @@ def _run_as_ray_job(
         _stage(session, book, current, settings, package, submission_id)
         _check_upload_size(package)
         runtime_env = _runtime_env(settings, package, settings.sync_up.source_dir is not None)
-        entrypoint = f"RAY_DEDUP_LOGS=0 python -m {DRIVER_MODULE} jobs {JOB_SPEC} {BUNDLE_PLAN}"
+        entrypoint = ray_job_entrypoint(
+            settings.entrypoint_python, f"-m {DRIVER_MODULE} jobs {JOB_SPEC} {BUNDLE_PLAN}"
+        )
         # Noted before it exists: a launcher killed right after the submission
         # leaves a Ray job that a resume must find.
         note_detached_run(
@@ -353,14 +385,22 @@ def _no_results(client: Any, dashboard: Dashboard, submission_id: str, logs: str
     status = _wait_end(client, submission_id, 60)
     message = str(client.get_job_info(submission_id).message or "").strip()
     missing = re.findall(r"ModuleNotFoundError: No module named '([^']+)'", logs or message)
-    hint = (
-        f" The cluster's Python has no module {missing[-1]!r}. Your own code travels with "
-        "hydra.launcher.sync_up.source_dir; packages (the driver needs hydra-core, omegaconf "
-        "and cloudpickle, the jobs what the app imports) go in the cluster's image or in "
-        "hydra.launcher.runtime_env.pip."
-        if missing
-        else ""
-    )
+    tried = re.findall(rf"^{PYTHON_MARK}(.*)$", logs, re.MULTILINE)
+    python = f"The cluster's Python ({tried[0]})" if tried else "The cluster's Python"
+    hint = ""
+    if missing:
+        hint = (
+            f" {python} has no module {missing[-1]!r}. Your own code travels with "
+            "hydra.launcher.sync_up.source_dir; packages (the driver needs hydra-core, "
+            "omegaconf and cloudpickle, the jobs what the app imports) go in the cluster's "
+            "image or in hydra.launcher.runtime_env.pip. The driver runs under the Python "
+            "that runs the cluster's Ray, or hydra.launcher.entrypoint_python if set."
+        )
+    elif tried and re.search(r"(not found|No such file or directory)", logs):
+        hint = (
+            f" {python} is not there on the head: set hydra.launcher.entrypoint_python to "
+            "the path of the Python that runs the cluster's Ray (the one `ray start` ran)."
+        )
     said = f" ({message[:300]})" if message else ""
     return DriverError(
         f"Ray job {submission_id} ended {status} without the jobs' results{said}.{hint} "
@@ -451,7 +491,9 @@ def _clean_cluster(
     cleanup_id = f"{submission_id}-cleanup"
     try:
         client.submit_job(
-            entrypoint=shlex.join(["python", "-c", _REMOVE, *paths]),
+            entrypoint=ray_job_entrypoint(
+                settings.entrypoint_python, shlex.join(["-c", _REMOVE, *paths])
+            ),
             submission_id=cleanup_id,
             # Where the driver ran: its node's own resource.
             entrypoint_resources={f"node:{where['node_ip']}": 0.001},
@@ -826,11 +868,21 @@ def _outcomes_home(returns: Path, settings: DictConfig, book: SweepBook) -> list
 
 
 def _download(dashboard: Dashboard, where: Mapping[str, Any], local: Path) -> None:
-    """The pack, from the dashboard's log API, checked (size, sha256)."""
+    """The pack, from the dashboard's log API, checked (size, sha256).
+
+    `format=text` asks for the file as it is: Ray 2.33 to 2.44 put a "1" before
+    each chunk otherwise (the framing of `ray logs`); later Rays send the file
+    as it is and ignore the parameter."""
     import requests
 
     query = urllib.parse.urlencode(
-        {"node_id": where["node_id"], "filename": where["file"], "lines": -1, "timeout": 600}
+        {
+            "node_id": where["node_id"],
+            "filename": where["file"],
+            "lines": -1,
+            "timeout": 600,
+            "format": "text",
+        }
     )
     headers = dict(dashboard.headers)  # the user's, and the token if any
     url = f"{dashboard.address}/api/v0/logs/file?{query}"

@@ -364,6 +364,11 @@ def test_a_cluster_whose_launcher_is_gone_terminates_its_instances(
         for inst in all_instances(moto_server):
             assert inst["State"]["Name"] in ("shutting-down", "terminated"), inst["State"]
         (log,) = aws_hosts.host_path(AWS_HOST, "~/.hydra_ray/autodown").glob("*/log")
+        # (Here the head outlives its instance: its teardown goes on to its end.)
+        deadline = time.monotonic() + 90
+        while "teardown ended with status" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(1)
         assert "teardown ended with status 0" in log.read_text(), log.read_text()
         assert aws_hosts.wait_no_ray_processes(AWS_HOST, timeout=60) == []
     finally:
