@@ -145,6 +145,13 @@ def test_installing_over_the_1x_plugin_replaces_it(hydra_venv: Path, tmp_path: P
         )
 
 
+def _print_launcher(app: Path, env: dict[str, str]) -> "subprocess.CompletedProcess[str]":
+    """The app's launcher config, printed by Hydra, with this Python and `env`."""
+    return subprocess.run(
+        [sys.executable, *_PRINT_LAUNCHER], cwd=app, env=env, capture_output=True, text=True
+    )
+
+
 def test_files_of_the_1x_plugin_beside_this_one_are_named_once(tmp_path: Path) -> None:
     """A 1.x module left in the plugin's dir (a copy over an old install, a
     half-done uninstall) and another copy of the package that this one shadows
@@ -157,21 +164,7 @@ def test_files_of_the_1x_plugin_beside_this_one_are_named_once(tmp_path: Path) -
     (shadowed / "__init__.py").write_text('__version__ = "1.2.2"\n')
     (shadowed / "_launcher_util.py").write_text("# a module of hydra-ray-launcher 1.2.2\n")
     env = dict(os.environ, PYTHONPATH=f"{checkout}{os.pathsep}{tmp_path / 'old'}")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "my_app.py",
-            "hydra/launcher=ray",
-            "--cfg",
-            "hydra",
-            "-p",
-            "hydra.launcher",
-        ],
-        cwd=checkout / "app",
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    res = _print_launcher(checkout / "app", env)
     assert res.returncode == 0, res.stderr
     assert "RayLauncher" in res.stdout, res.stdout
     warned = [ln for ln in res.stderr.splitlines() if "files of the 1.x" in ln]
@@ -182,21 +175,7 @@ def test_files_of_the_1x_plugin_beside_this_one_are_named_once(tmp_path: Path) -
     # Without them: not a word.
     left.unlink()
     env["PYTHONPATH"] = str(checkout)
-    clean = subprocess.run(
-        [
-            sys.executable,
-            "my_app.py",
-            "hydra/launcher=ray",
-            "--cfg",
-            "hydra",
-            "-p",
-            "hydra.launcher",
-        ],
-        cwd=checkout / "app",
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    clean = _print_launcher(checkout / "app", env)
     assert clean.returncode == 0 and "files of the 1.x" not in clean.stderr, clean.stderr
 
 

@@ -551,18 +551,23 @@ def test_a_cluster_with_token_auth_takes_the_user_s_token_and_refuses_a_wrong_on
         assert len(ids) == 2 and ids[1] == f"{ids[0]}-cleanup", ids
 
 
+def sweep_to(address: str, tmp_path: Path) -> AppRun:
+    """A one-job ray_jobs sweep to `address`, in a fresh shell's environment."""
+    return run_app(
+        "app.py",
+        "x=1",
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address={address}",
+        cwd=tmp_path,
+        unset=FRESH_SHELL,
+    )
+
+
 def test_a_dashboard_out_of_reach_or_another_server_is_named_before_anything_is_staged(
     tmp_path: Path,
 ) -> None:
     def sweep(address: str) -> AppRun:
-        return run_app(
-            "app.py",
-            "x=1",
-            "hydra/launcher=ray_jobs",
-            f"hydra.launcher.address={address}",
-            cwd=tmp_path,
-            unset=FRESH_SHELL,
-        )
+        return sweep_to(address, tmp_path)
 
     # Nothing listens here, as when the port-forward is not running.
     address = f"http://127.0.0.1:{free_port()}"

@@ -20,6 +20,7 @@ import pytest
 
 from .conftest import APPS, free_port, ray_head, run_app
 from .port_forward import port_forward
+from .test_ray_jobs import sweep_to
 
 REPO = Path(__file__).parent.parent
 FRESH_SHELL = ("RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -149,14 +150,7 @@ def test_a_cluster_on_a_ray_older_than_declared_is_named_before_anything_is_uplo
     threading.Thread(target=server.serve_forever, daemon=True).start()
     address = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        res = run_app(
-            "app.py",
-            "x=1",
-            "hydra/launcher=ray_jobs",
-            f"hydra.launcher.address={address}",
-            cwd=tmp_path,
-            unset=FRESH_SHELL,
-        )
+        res = sweep_to(address, tmp_path)
     finally:
         server.shutdown()
         server.server_close()

@@ -745,6 +745,12 @@ def test_with_chdir_the_working_dir_comes_home_too_and_a_path_elsewhere_stays(
 ) -> None:
     chdir = _records.moved_home(ran_on_a_cluster(1, "/w/m/1", chdir=True), "m", tmp_path)
     assert chdir.job_return.working_dir == str(tmp_path / "1")
+    # Hydra's run_job gives the job's dir as configured: relative with a relative
+    # sweep dir (an absolute hydra.sweep.dir is `sweep` on a cluster).
+    relative = ran_on_a_cluster(4, "/tmp/ray/_ray_pkg_9/sweep/4", chdir=True)
+    relative.job_return.working_dir = "sweep/4"
+    moved = _records.moved_home(relative, "sweep", tmp_path)
+    assert moved.job_return.working_dir == str(tmp_path / "4")
     elsewhere = ran_on_a_cluster(2, "/scratch/out/2")
     assert _records.moved_home(elsewhere, "m", tmp_path) is elsewhere
     assert _records.moved_home(elsewhere, "/data/m", tmp_path) is elsewhere

@@ -500,17 +500,21 @@ def _positive_seconds(value: Any) -> bool:
     )
 
 
+def _shown(value: Any) -> Any:
+    """A number as a user would write it (120, not 120.0); anything else as it is."""
+    return f"{value:g}" if isinstance(value, (int, float)) else value
+
+
 def reconnect_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
     """`hydra.launcher.reconnect_s` (cluster launchers, ray_jobs) that cannot work."""
     reconnect = launcher_cfg.get("reconnect_s")
     if _positive_seconds(reconnect):
         return []
-    shown = f"{reconnect:g}" if isinstance(reconnect, (int, float)) else reconnect
     return [
         ConfigError(
-            f"hydra.launcher.reconnect_s={shown} is not valid: set it to the seconds a lost "
-            "connection to the cluster is made again while the sweep's driver runs there "
-            "(default 120)"
+            f"hydra.launcher.reconnect_s={_shown(reconnect)} is not valid: set it to the "
+            "seconds a lost connection to the cluster is made again while the sweep's driver "
+            "runs there (default 120)"
         )
     ]
 
@@ -520,11 +524,10 @@ def autodown_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
     minutes = launcher_cfg.get("autodown_minutes")
     if minutes is None or _positive_seconds(minutes):
         return []
-    shown = f"{minutes:g}" if isinstance(minutes, (int, float)) else minutes
     return [
         ConfigError(
-            f"hydra.launcher.autodown_minutes={shown} is not valid: set it to the minutes the "
-            "cluster may sit idle (no sweep driver, no transfer) before it tears itself down "
-            "(default 60), or null to keep it until `ray down`"
+            f"hydra.launcher.autodown_minutes={_shown(minutes)} is not valid: set it to the "
+            "minutes the cluster may sit idle (no sweep driver, no transfer) before it tears "
+            "itself down (default 60), or null to keep it until `ray down`"
         )
     ]

@@ -177,10 +177,22 @@ def moved_home(outcome: JobOutcome, sweep_dir: str, home: Path) -> JobOutcome:
         runtime.output_dir = here
     moved = copy.copy(ret)
     moved.hydra_cfg = hydra_cfg
-    if ret.working_dir == there:  # hydra.job.chdir=true
-        moved.working_dir = here
+    if ret.working_dir == there or _same_job_dir(ret.working_dir, sweep_dir, below):
+        moved.working_dir = here  # hydra.job.chdir=true
     held = isinstance(ret, HeldJobReturn)
     return dataclasses.replace(outcome, job_return=hold(moved) if held else moved)
+
+
+def _same_job_dir(working_dir: str | None, sweep_dir: str, below: PurePosixPath) -> bool:
+    """Whether a working dir as Hydra's run_job gives it with hydra.job.chdir
+    (the job's dir as configured: relative when the sweep dir was, e.g.
+    `sweep/3`) is the output dir whose part below `sweep_dir` is `below`."""
+    if not working_dir or os.path.isabs(working_dir) or os.path.isabs(sweep_dir):
+        return False
+    path = PurePosixPath(os.path.normpath(working_dir))
+    top = PurePosixPath(os.path.normpath(sweep_dir))
+    n = len(top.parts)
+    return path.parts[:n] == top.parts and PurePosixPath(*path.parts[n:]) == below
 
 
 def _below(path: PurePosixPath, top: PurePosixPath) -> PurePosixPath | None:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -194,6 +195,54 @@ def test_batched_sweeper_creates_the_cluster_once_and_tears_it_down_after_the_la
     _no_leftovers(fake_hosts, sweep)
 
 
+def _second_job_slow(seconds: int, cluster_yaml: Path, sweep: Path) -> list[str]:
+    """A ray_cluster sweep of two jobs: #0 done in half a second, #1 taking
+    `seconds` on its first run (a window to break something in)."""
+    return [
+        "x=1,2",
+        "seconds=0.5",
+        "slow_first=[2]",
+        f"slow_seconds={seconds}",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={cluster_yaml}",
+        f"hydra.sweep.dir={sweep}",
+    ]
+
+
+def _end(run: "RunningApp", fake_hosts: FakeHosts) -> None:
+    """After a test that killed things on the shared fake hosts: the app, what
+    it left running, and the launches' temp dirs there (a dead worker keeps its
+    killed attempts' files; a cluster torn down by itself keeps its results),
+    not for the next tests on these hosts to find."""
+    run.kill()
+    fake_hosts.kill_leftovers()
+    for host in ("head", "worker"):
+        for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
+            shutil.rmtree(leftover)
+
+
+def _resume(fake_hosts: FakeHosts, tmp_path: Path, args: list[str]) -> Any:
+    """The same command with hydra.launcher.resume=true; it must succeed."""
+    res = _run(
+        fake_hosts,
+        tmp_path,
+        tmp_path / "app",
+        "app.py",
+        "--multirun",
+        *args,
+        "hydra.launcher.resume=true",
+    )
+    assert res.returncode == 0, res.stdout
+    return res
+
+
+def _each_job_home_once(sweep: Path, count: int, output: str) -> None:
+    """Each of `count` jobs' files home, each job run once (its runs_N file)."""
+    for num in range(count):
+        assert (sweep / str(num) / f"done_{num}.json").is_file(), output
+        assert len((sweep / str(num) / f"runs_{num}").read_text().split()) == 1, num
+
+
 def test_a_killed_launcher_leaves_the_jobs_running_and_a_resume_brings_them_home(
     fake_hosts: FakeHosts, tmp_path: Path
 ) -> None:
@@ -227,20 +276,9 @@ def test_a_killed_launcher_leaves_the_jobs_running_and_a_resume_brings_them_home
             assert time.monotonic() < deadline + 60, run.output
             time.sleep(0.5)
         assert not (sweep / "2" / "done_2.json").exists()
-        res = _run(
-            fake_hosts,
-            tmp_path,
-            tmp_path / "app",
-            "app.py",
-            "--multirun",
-            *args,
-            "hydra.launcher.resume=true",
-        )
-        assert res.returncode == 0, res.stdout
+        res = _resume(fake_hosts, tmp_path, args)
         assert "Re-attaching to the driver (" in res.stdout, res.stdout
-        for num in range(3):
-            assert (sweep / str(num) / f"done_{num}.json").is_file(), res.stdout
-            assert len((sweep / str(num) / f"runs_{num}").read_text().split()) == 1, num
+        _each_job_home_once(sweep, 3, res.stdout)
         summary = json.loads((sweep / "sweep_summary.json").read_text())
         assert [j["status"] for j in summary["jobs"]] == ["succeeded"] * 3
         assert [j["return_value"] for j in summary["jobs"]] == [10, 20, 30]
@@ -264,14 +302,8 @@ def test_a_cluster_whose_launcher_is_gone_tears_itself_down_once_idle(
     run = RunningApp(
         fake_hosts,
         tmp_path,
-        "x=1,2",
-        "seconds=0.5",
-        "slow_first=[2]",
-        "slow_seconds=8",
-        "hydra/launcher=ray_cluster",
+        *_second_job_slow(8, cluster_yaml, tmp_path / "sweep"),
         "hydra.launcher.autodown_minutes=0.2",
-        f"hydra.launcher.cluster_yaml={cluster_yaml}",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )
     try:
         run.wait_for("started on 127.0.0.3")
@@ -290,11 +322,7 @@ def test_a_cluster_whose_launcher_is_gone_tears_itself_down_once_idle(
         assert (launch / "sweep" / "1" / "done_1.json").is_file()
         assert [p for p in fake_hosts.processes("head") if "autodown" in p.cmdline] == []
     finally:
-        run.kill()
-        fake_hosts.kill_leftovers()
-        for host in ("head", "worker"):
-            for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
-                shutil.rmtree(leftover)
+        _end(run, fake_hosts)
 
 
 def test_results_in_the_storage_let_a_gone_launcher_s_cluster_go_and_a_resume_fetch_them(
@@ -311,15 +339,9 @@ def test_results_in_the_storage_let_a_gone_launcher_s_cluster_go_and_a_resume_fe
     cluster_yaml = _cluster_yaml(fake_hosts, tmp_path, "sto")
     name = yaml.safe_load(cluster_yaml.read_text())["cluster_name"]
     args = [
-        "x=1,2",
-        "seconds=0.5",
-        "slow_first=[2]",
-        "slow_seconds=8",
-        "hydra/launcher=ray_cluster",
+        *_second_job_slow(8, cluster_yaml, sweep),
         "hydra.launcher.autodown_minutes=3",
         f"hydra.launcher.sync_down.storage=file://{store}",
-        f"hydra.launcher.cluster_yaml={cluster_yaml}",
-        f"hydra.sweep.dir={sweep}",
     ]
     run = RunningApp(fake_hosts, tmp_path, *args)
     try:
@@ -333,21 +355,10 @@ def test_results_in_the_storage_let_a_gone_launcher_s_cluster_go_and_a_resume_fe
         idle = re.search(r"idle for (\d+) s", log)
         assert idle is not None and int(idle.group(1)) < 3 * 60, log
         assert not (sweep / "1" / "done_1.json").exists()
-        res = _run(
-            fake_hosts,
-            tmp_path,
-            tmp_path / "app",
-            "app.py",
-            "--multirun",
-            *args,
-            "hydra.launcher.resume=true",
-        )
-        assert res.returncode == 0, res.stdout
+        res = _resume(fake_hosts, tmp_path, args)
         assert "Brought home the results of jobs #0, #1 from file://" in res.stdout, res.stdout
         assert "Creating or updating cluster" not in res.stdout, res.stdout
-        for num in range(2):
-            assert (sweep / str(num) / f"done_{num}.json").is_file(), res.stdout
-            assert len((sweep / str(num) / f"runs_{num}").read_text().split()) == 1, num
+        _each_job_home_once(sweep, 2, res.stdout)
         summary = json.loads((sweep / "sweep_summary.json").read_text())
         assert [j["return_value"] for j in summary["jobs"]] == [10, 20]
         assert list(store.iterdir()) == []
@@ -371,13 +382,7 @@ def test_a_lost_connection_to_the_head_is_made_again_and_the_sweep_ends_as_usual
     run = RunningApp(
         fake_hosts,
         tmp_path,
-        "x=1,2",
-        "seconds=0.5",
-        "slow_first=[2]",
-        "slow_seconds=15",
-        "hydra/launcher=ray_cluster",
-        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'rec')}",
-        f"hydra.sweep.dir={sweep}",
+        *_second_job_slow(15, _cluster_yaml(fake_hosts, tmp_path, "rec"), sweep),
     )
     try:
         run.wait_for("#1 : x=2 seconds=0.5 slow_first=[2] slow_seconds=15 started on")
@@ -439,13 +444,7 @@ def test_a_worker_whose_ray_dies_mid_sweep_is_no_reason_to_keep_the_cluster(
         assert "NOT ALL OUTPUTS ARE HOME" not in run.output
         assert "Deleted the cluster" in run.output, run.output
     finally:
-        run.kill()
-        fake_hosts.kill_leftovers()
-        # The dead worker keeps its killed attempts' files (in the launch's temp
-        # dir there): not for the next tests on these hosts to find.
-        for host in ("head", "worker"):
-            for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
-                shutil.rmtree(leftover)
+        _end(run, fake_hosts)
 
 
 def test_a_worker_whose_ray_dies_after_a_job_finished_there_still_gives_its_outputs(
@@ -461,13 +460,7 @@ def test_a_worker_whose_ray_dies_after_a_job_finished_there_still_gives_its_outp
     run = RunningApp(
         fake_hosts,
         tmp_path,
-        "x=1,2",
-        "seconds=0.5",
-        "slow_first=[2]",
-        "slow_seconds=30",
-        "hydra/launcher=ray_cluster",
-        f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'wgone')}",
-        f"hydra.sweep.dir={sweep}",
+        *_second_job_slow(30, _cluster_yaml(fake_hosts, tmp_path, "wgone"), sweep),
     )
     try:
         deadline = time.monotonic() + 240
@@ -492,8 +485,4 @@ def test_a_worker_whose_ray_dies_after_a_job_finished_there_still_gives_its_outp
         assert "Deleted the cluster" in run.output, run.output
         _no_leftovers(fake_hosts, sweep)
     finally:
-        run.kill()
-        fake_hosts.kill_leftovers()
-        for host in ("head", "worker"):
-            for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
-                shutil.rmtree(leftover)
+        _end(run, fake_hosts)
