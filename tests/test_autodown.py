@@ -33,8 +33,10 @@ class Head:
     def arm(self, minutes: float) -> Autodown:
         autodown = Autodown("c1", minutes, tmp_root=str(self.tmp_root))
         self.run(autodown.start_command())
-        # The teardown is read when the deadline is met: a mark instead of Ray's.
+        # The teardown is read when the deadline is met: a mark instead of Ray's;
+        # and this machine stands for a head whose Ray runs.
         (self.watch / "down").write_text(f"touch {self.downed}\n")
+        (self.watch / "alive").write_text("true\n")
         return autodown
 
     def watchdog_pid(self) -> int:
@@ -147,6 +149,41 @@ def test_arming_again_keeps_one_watchdog_and_takes_the_new_deadline(head: Head) 
     assert head.watchdog_pid() == pid
     assert (head.watch / "limit").read_text().strip() == "2"
     assert head.wait_down(timeout=15)
+
+
+def test_a_watchdog_whose_ray_was_stopped_by_someone_else_ends_without_a_teardown(
+    head: Head,
+) -> None:
+    """The user ran the printed `ray down` (or `ray stop` on the head): the
+    watchdog has nothing left to watch, and ends within two looks, tearing
+    nothing down; its log says why."""
+    head.arm(0.5)
+    pid = head.watchdog_pid()
+    (head.watch / "alive").write_text("false\n")
+    deadline = time.monotonic() + 15
+    while _alive(pid):
+        assert time.monotonic() < deadline, head.log()
+        time.sleep(0.2)
+    assert "Ray no longer runs on the head" in head.log()
+    assert not head.downed.exists()
+    assert not (head.watch / "pid").exists()
+
+
+def test_the_alive_check_finds_a_gcs_and_not_itself(tmp_path: Path) -> None:
+    """RAY_ALIVE, as the watchdog runs it: false where no GCS runs (a PID
+    namespace of its own, as a head whose Ray is gone), and not fooled by its
+    own command line, which names the GCS."""
+    from hydra_ray.infra.autodown import RAY_ALIVE
+
+    if os.geteuid() != 0:
+        pytest.skip("a PID namespace of its own needs root here, as the fake hosts do")
+    alone = ["unshare", "--pid", "--mount", "--fork", "--mount-proc", "sh", "-c", RAY_ALIVE]
+    assert subprocess.run(alone, timeout=30).returncode == 1
+    fake_gcs = tmp_path / "gcs_server"
+    fake_gcs.symlink_to("/bin/sleep")
+    script = f"{fake_gcs} 30 & {RAY_ALIVE}; rc=$?; kill $!; exit $rc"
+    beside = ["unshare", "--pid", "--mount", "--fork", "--mount-proc", "sh", "-c", script]
+    assert subprocess.run(beside, timeout=30).returncode == 0
 
 
 def test_a_disarmed_watchdog_ends_and_leaves_nothing(head: Head) -> None:

@@ -46,6 +46,10 @@ _SEEN = "seen"
 _PID = "pid"
 _SCRIPT = "watch.sh"
 _LOG = "log"
+_ALIVE = "alive"
+# Whether the cluster's Ray still runs on the head (its GCS); the pattern does
+# not match grep's own command line.
+RAY_ALIVE = "grep -qas 'gcs_serve[r]' /proc/[0-9]*/cmdline"
 
 # See `Autodown.grace_s`.
 STORED_GRACE_S = 60
@@ -61,7 +65,19 @@ echo $$ > pid
 say() { echo "$(date '+%F %T') $*"; }
 say "watching: the cluster is torn down after $(cat limit) s without a sweep driver or a transfer"
 tries=0
+gone=0
 while sleep "$(cat poll)"; do
+  # Ray stopped on the head by someone else (`ray down` of the printed commands,
+  # `ray stop`): nothing left to tear down. Twice in a row: not a `ray up` restart.
+  if sh -c "$(cat alive)"; then gone=0; else
+    gone=$((gone + 1))
+    if [ "$gone" -ge 2 ]; then
+      say "Ray no longer runs on the head (ray down or ray stop): nothing to tear down"
+      rm -f pid
+      exit 0
+    fi
+    continue
+  fi
   busy=
   for p in "$root"/hydra-ray-*/driver_wrapper.pid; do
     [ -s "$p" ] || continue
@@ -150,7 +166,8 @@ class Autodown:
             f"mkdir -p {self._dir()} && cd {self._dir()} && "
             f"echo {self.limit_s} > {_LIMIT} && echo {self.grace_s} > {_GRACE} && "
             f"echo {self.poll_s:g} > {_POLL} && "
-            f"echo {shlex.quote(self.teardown_command())} > {_DOWN} && touch {_SEEN} && "
+            f"echo {shlex.quote(self.teardown_command())} > {_DOWN} && "
+            f"echo {shlex.quote(RAY_ALIVE)} > {_ALIVE} && touch {_SEEN} && "
             f"if [ -s {_PID} ] && kill -0 $(cat {_PID}) 2>/dev/null; then :; else {start} fi"
         )
 

@@ -38,11 +38,18 @@ def _slow_rsync_env(tmp_path: Path) -> dict[str, str]:
     return {"PATH": f"{slow}:{os.environ['PATH']}"}
 
 
-def _printed_commands(output: str) -> list[list[str]]:
+_KEEP_LONGER = "To keep it longer:"
+
+
+def _printed_commands(output: str, *, keep_longer: bool = False) -> list[list[str]]:
     """The `ray ...` commands the launcher printed to finish the job, in order (not
-    Ray's own hints from when it created the cluster)."""
+    Ray's own hints from when it created the cluster); or, with `keep_longer`,
+    the one that keeps the cluster past its autodown deadline."""
     message = output.split("NOT ALL OUTPUTS ARE HOME", 1)[1]
-    commands = re.findall(r"^\s+(ray (?:rsync-down|exec|down -y) .+)$", message, re.M)
+    finish, _, longer = message.partition(_KEEP_LONGER)
+    commands = re.findall(
+        r"^\s+(ray (?:rsync-down|exec|down -y) .+)$", longer if keep_longer else finish, re.M
+    )
     return [shlex.split(c) for c in commands]
 
 
@@ -132,6 +139,13 @@ def test_ctrl_c_while_outputs_come_home_keeps_them_on_the_cluster_with_commands_
 
     commands = _printed_commands(run.output)
     assert [c[:2] for c in commands] == [["ray", "rsync-down"], ["ray", "down"]], run.output
+    # The cluster would tear itself down with them at a time the message names;
+    # the printed command keeps it: its watchdog on the head is gone.
+    assert "the cluster tears itself down at " in run.output, run.output
+    (keep,) = _printed_commands(run.output, keep_longer=True)
+    assert [p for p in fake_hosts.processes("head") if "autodown" in p.cmdline] != []
+    _run_printed(fake_hosts, tmp_path, keep)
+    assert [p for p in fake_hosts.processes("head") if "autodown" in p.cmdline] == []
     _run_printed(fake_hosts, tmp_path, commands[0])
     for num in range(2):
         done = tmp_path / "sweep" / str(num) / "big.bin"
