@@ -4,6 +4,7 @@ teardown command is replaced by one that leaves a mark (Ray's teardown from a
 real head is tested on the fake hosts, tests/cluster)."""
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -80,9 +81,11 @@ def test_an_idle_cluster_is_torn_down_after_its_deadline_and_the_log_says_why(
 ) -> None:
     head.arm(minutes=2 / 60)
     pid = head.watchdog_pid()
-    assert not head.wait_down(timeout=1.0), "torn down before its deadline"
-    assert head.wait_down(timeout=15)
-    assert "idle for" in head.log() and "tearing the cluster down" in head.log()
+    assert head.wait_down(timeout=30)
+    # Not before its deadline: the idle time it measured (from the arming) is the log's.
+    idle = re.search(r"idle for (\d+) s \(hydra.launcher.autodown_minutes\)", head.log())
+    assert idle is not None and int(idle.group(1)) >= 2, head.log()
+    assert "tearing the cluster down" in head.log()
     deadline = time.monotonic() + 10
     while _alive(pid):
         assert time.monotonic() < deadline, "the watchdog did not end after its teardown"
