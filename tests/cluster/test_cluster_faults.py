@@ -209,6 +209,18 @@ def _second_job_slow(seconds: int, cluster_yaml: Path, sweep: Path) -> list[str]
     ]
 
 
+def _killed_then_torn_down(
+    run: "RunningApp", fake_hosts: FakeHosts, name: str, timeout: float
+) -> str:
+    """kill -9 of the launching process (a closed laptop); then no Ray process
+    is left on either host within `timeout`: the head's watchdog log."""
+    os.killpg(run.proc.pid, signal.SIGKILL)
+    run.wait()
+    for host in ("head", "worker"):
+        assert fake_hosts.wait_no_ray_processes(host, timeout=timeout) == [], host
+    return fake_hosts.host_path("head", f"~/.hydra_ray/autodown/{name}/log").read_text()
+
+
 def _end(run: "RunningApp", fake_hosts: FakeHosts) -> None:
     """After a test that killed things on the shared fake hosts: the app, what
     it left running, and the launches' temp dirs there (a dead worker keeps its
@@ -309,11 +321,7 @@ def test_a_cluster_whose_launcher_is_gone_tears_itself_down_once_idle(
         run.wait_for("started on 127.0.0.3")
         assert "then it tears itself down with them" in run.output, run.output
         assert "(not before " in run.output, run.output
-        os.killpg(run.proc.pid, signal.SIGKILL)
-        run.wait()
-        for host in ("head", "worker"):
-            assert fake_hosts.wait_no_ray_processes(host, timeout=180) == [], host
-        log = fake_hosts.host_path("head", f"~/.hydra_ray/autodown/{name}/log").read_text()
+        log = _killed_then_torn_down(run, fake_hosts, name, timeout=180)
         assert "tearing the cluster down" in log, log
         # Not before the driver had ended: the jobs finished, and their results
         # waited on the head (kept on these hosts' disks, gone with a cloud's).
@@ -347,11 +355,7 @@ def test_results_in_the_storage_let_a_gone_launcher_s_cluster_go_and_a_resume_fe
     try:
         run.wait_for("started on 127.0.0.3")
         assert "its results also go to sync_down.storage=file://" in run.output, run.output
-        os.killpg(run.proc.pid, signal.SIGKILL)
-        run.wait()
-        for host in ("head", "worker"):
-            assert fake_hosts.wait_no_ray_processes(host, timeout=240) == [], host
-        log = fake_hosts.host_path("head", f"~/.hydra_ray/autodown/{name}/log").read_text()
+        log = _killed_then_torn_down(run, fake_hosts, name, timeout=240)
         idle = re.search(r"idle for (\d+) s", log)
         assert idle is not None and int(idle.group(1)) < 3 * 60, log
         assert not (sweep / "1" / "done_1.json").exists()
