@@ -30,6 +30,15 @@ SMALL_RAY = [
 ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A Ctrl-C that whatever started the tests ignores (a background job of a
+    non-interactive shell, `cmd &`, starts with SIGINT ignored) would be ignored
+    by every app the tests start too, as an ignored signal is inherited: the
+    tests that press Ctrl-C mean a user's terminal, where it is not ignored."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _hydra_plugins_discovered() -> None:
     """Hydra's plugin scan, once, before any test: its configs (the basic
