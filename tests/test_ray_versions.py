@@ -172,6 +172,50 @@ def new_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield f"http://127.0.0.1:{forwarded}"
 
 
+@pytest.mark.parametrize(
+    ("version", "older"),
+    [
+        ("2.39.9", True),
+        ("1.13.0", True),
+        ("2.40.0", False),
+        ("2.40.0rc1", False),
+        ("2.100.1", False),
+        ("3.0.0", False),
+        ("", False),
+        ("dev", False),
+    ],
+)
+def test_which_rays_are_older_than_the_lowest(version: str, older: bool) -> None:
+    from hydra_ray.driver.protocol import older_than_lowest_ray
+
+    assert older_than_lowest_ray(version) is older
+
+
+def test_a_driver_on_a_ray_older_than_the_lowest_ends_at_once_naming_both(tmp_path: Path) -> None:
+    """The driver as the cluster launchers and ray_jobs start it (`python -m
+    hydra_ray.driver.head ...`), on a cluster whose Ray is older than the lowest
+    (stood for by a `ray` package that says 2.39.0, first on its path: no such
+    Ray installs here): it ends with exit 1 before it reads anything, and says
+    which Ray and Python it found and which Ray it needs, without a traceback."""
+    old = tmp_path / "old-ray"
+    (old / "ray").mkdir(parents=True)
+    (old / "ray" / "__init__.py").write_text('__version__ = "2.39.0"\n')
+    path = os.pathsep.join(p for p in (str(old), os.environ.get("PYTHONPATH")) if p)
+    res = subprocess.run(
+        [sys.executable, "-m", "hydra_ray.driver.head", "job_spec.pkl", "returns.pkl"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"The cluster runs Ray 2.39.0 (in {sys.executable})" in res.stderr, res.stderr
+    assert "needs Ray 2.40 or later on the cluster" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "driver.pid").exists()
+
+
 def test_a_launcher_on_the_lowest_declared_versions_sweeps_a_cluster_on_the_newest_ray(
     lowest_ray_venv: Path, new_dashboard: str, tmp_path: Path
 ) -> None:

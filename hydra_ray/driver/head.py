@@ -50,11 +50,13 @@ from hydra_ray.driver.protocol import (
     BUNDLE_PLAN,
     BUNDLE_RECORDS,
     GATHER_REPORT,
+    LOWEST_CLUSTER_RAY_TEXT,
     PACKAGES,
     PLUGIN_DIR,
     RETURNS,
     STORED,
     JobSpec,
+    older_than_lowest_ray,
     stored_sidecar,
 )
 from hydra_ray.engine.gather import DiskReach, JobDirs, LeftOnNode, gather_outputs
@@ -71,6 +73,22 @@ _PID_FILE = "driver.pid"
 # In its working dir, one JSON line per job start (node, job dir): what `gather`
 # fetches after the driver was killed.
 _STARTS_FILE = "job_starts.jsonl"
+
+
+def refuse_an_older_ray() -> None:
+    """Which Ray this driver runs on, checked before anything uses it: a Ray
+    older than the lowest this plugin works with (a cluster image or setup
+    commands that install an old one) ends the driver (exit 1) with a message
+    that names both versions and the Python, instead of a failure deep in Ray."""
+    import ray
+
+    if older_than_lowest_ray(ray.__version__):
+        sys.exit(
+            f"The cluster runs Ray {ray.__version__} (in {sys.executable}): the launcher's "
+            f"driver needs Ray {LOWEST_CLUSTER_RAY_TEXT} or later on the cluster. Give the "
+            f"cluster Ray >= {LOWEST_CLUSTER_RAY_TEXT} (its image, or the cluster YAML's "
+            "setup_commands), ideally the Ray of the launching machine"
+        )
 
 
 def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None:
@@ -411,6 +429,7 @@ def _have_rich() -> bool:
 
 
 if __name__ == "__main__":
+    refuse_an_older_ray()
     if sys.argv[1] == "gather":
         gather_after_failure(sys.argv[2])
     elif sys.argv[1] == "jobs":

@@ -7,6 +7,7 @@ Both sides import this module; it imports only the data types (no Ray).
 """
 
 import importlib.util
+import re
 import shlex
 import shutil
 import tarfile
@@ -167,6 +168,17 @@ def driver_state_command(remote_tmp: str) -> str:
 # The oldest Ray a cluster may run for the driver and the dashboard's APIs we use:
 # pyproject.toml's lower bound of ray (a test holds them equal), tested in CI.
 LOWEST_CLUSTER_RAY = (2, 40)
+LOWEST_CLUSTER_RAY_TEXT = ".".join(str(n) for n in LOWEST_CLUSTER_RAY)
+
+
+def older_than_lowest_ray(version: str) -> bool:
+    """Whether `version` (Ray's `__version__`, or the dashboard's `ray_version`)
+    names a Ray older than LOWEST_CLUSTER_RAY; a text that names no version is
+    not refused here."""
+    numbers = re.match(r"(\d+)\.(\d+)", version)
+    return numbers is not None and tuple(int(n) for n in numbers.groups()) < LOWEST_CLUSTER_RAY
+
+
 # The line a Ray job's entrypoint writes first: the Python it runs the driver with.
 PYTHON_MARK = "HYDRA_RAY_DRIVER_PYTHON="
 

@@ -50,10 +50,11 @@ from hydra_ray.driver.protocol import (
     BUNDLE_PLAN,
     DRIVER_MODULE,
     JOB_SPEC,
-    LOWEST_CLUSTER_RAY,
+    LOWEST_CLUSTER_RAY_TEXT,
     PLUGIN_DIR,
     PYTHON_MARK,
     load_outcomes,
+    older_than_lowest_ray,
     ray_job_entrypoint,
     stage_plugin,
     sweep_dir_on_cluster,
@@ -136,9 +137,8 @@ class Dashboard:
             running = str(answer.json().get("ray_version") or "")
         except (OSError, ValueError, AttributeError):
             return  # Ray's client took this dashboard; a late blip is no reason to refuse
-        numbers = re.match(r"(\d+)\.(\d+)", running)
-        if numbers and tuple(int(n) for n in numbers.groups()) < LOWEST_CLUSTER_RAY:
-            lowest = ".".join(str(n) for n in LOWEST_CLUSTER_RAY)
+        if older_than_lowest_ray(running):
+            lowest = LOWEST_CLUSTER_RAY_TEXT
             raise ConfigError(
                 f"The cluster at {self.address} (hydra.launcher.address) runs Ray {running}: "
                 f"the ray_jobs launcher needs Ray {lowest} or later on the cluster (its driver "
