@@ -61,7 +61,8 @@ TMP_ROOT = "/tmp"
 # look, so that arming it again changes them.
 _WATCH = r"""
 root=$1
-echo $$ > pid
+# Written whole or not at all: a reader never sees an empty pid.
+echo $$ > pid.new && mv -f pid.new pid
 say() { echo "$(date '+%F %T') $*"; }
 say "watching: the cluster is torn down after $(cat limit) s without a sweep driver or a transfer"
 tries=0
