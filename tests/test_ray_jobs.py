@@ -127,6 +127,37 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
     _the_cluster_keeps_nothing(dashboard, out)
 
 
+def test_a_sweep_dir_out_of_the_working_dir_lives_in_the_ray_job_s_dir_and_comes_home(
+    dashboard: str, tmp_path: Path
+) -> None:
+    """hydra.sweep.dir=../elsewhere: on the cluster the jobs write in the Ray
+    job's own dir, not beside it, where other sweeps' dirs are; here the files,
+    the summary and the records name ../elsewhere."""
+    app = tmp_path / "app"
+    app.mkdir()
+    res = run_app(
+        "app.py",
+        "x=1,2",
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address={dashboard}",
+        "hydra.sweep.dir=../elsewhere",
+        cwd=app,
+        env=USER_ENV,
+        unset=FRESH_SHELL[1:],
+        timeout=300,
+    )
+    assert res.returncode == 0, res.output
+    sweep = tmp_path / "elsewhere"
+    for num in range(2):
+        assert (sweep / str(num) / f"done_{num}.json").is_file(), res.output
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [j["output_dir"] for j in summary["jobs"]] == [str(sweep / str(n)) for n in range(2)]
+    record = read_record(sweep, 1)
+    assert record is not None and record.job_return.hydra_cfg is not None
+    assert record.job_return.hydra_cfg.hydra.runtime.output_dir == str(sweep / "1")
+    _the_cluster_keeps_nothing(dashboard, res.output)
+
+
 def test_the_driver_runs_under_the_python_of_the_cluster_s_ray_or_the_one_named(
     dashboard: str, tmp_path: Path
 ) -> None:

@@ -30,6 +30,7 @@ from hydra_ray.core.records import (
     write_record,
     write_summary,
 )
+from hydra_ray.driver.protocol import HEAD_SWEEP_DIR, sweep_dir_on_cluster
 from hydra_ray.engine.report import MAX_TABLE_ROWS, summary_table
 from hydra_ray.launch.sweep import SweepBook, SweepSettings, batch, sweep_settings
 
@@ -738,6 +739,28 @@ def test_a_cluster_job_s_output_dir_becomes_where_its_files_came_home(
     assert moved.job_return.hydra_cfg.hydra.runtime.output_dir == str(home / below)
     assert moved.job_return.working_dir == "/home/ray/job"  # not the output dir: kept
     assert moved.job_return.return_value == 3
+
+
+@pytest.mark.parametrize(
+    ("sweep_dir", "on_cluster"),
+    [
+        ("multirun/d/t", "multirun/d/t"),
+        ("./out", "out"),
+        ("a/../b/", "b"),
+        # a path of this machine
+        ("/data/sweeps/s1", HEAD_SWEEP_DIR),
+        # out of the driver's working dir, into a dir other sweeps share, or
+        # the working dir itself, which holds the driver's own files
+        ("../out", HEAD_SWEEP_DIR),
+        ("a/../../out", HEAD_SWEEP_DIR),
+        (".", HEAD_SWEEP_DIR),
+        ("a/..", HEAD_SWEEP_DIR),
+    ],
+)
+def test_the_sweep_dir_on_a_cluster_stays_inside_the_driver_s_working_dir(
+    sweep_dir: str, on_cluster: str
+) -> None:
+    assert sweep_dir_on_cluster(sweep_dir) == on_cluster
 
 
 def test_with_chdir_the_working_dir_comes_home_too_and_a_path_elsewhere_stays(

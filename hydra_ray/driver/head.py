@@ -192,8 +192,8 @@ def write_bundle(plan: dict[str, Any]) -> None:
         "size": size,
         "sha256": sha256,
         # For the launcher to remove, once everything is home: the sweep dir here
-        # if it is in this Ray job's own working dir (one that leads out of it,
-        # `../sweep`, is the user's place on the cluster: kept), and the pack.
+        # (sweep_dir_on_cluster keeps it in this Ray job's own working dir; one
+        # found elsewhere all the same, through a link, is not removed), and the pack.
         "node_ip": node.node_ip_address,
         "cluster_sweep": str(sweep) if sweep.is_relative_to(Path.cwd()) else None,
     }

@@ -7,6 +7,7 @@ Both sides import this module; it imports only the data types (no Ray).
 """
 
 import importlib.util
+import os
 import re
 import shlex
 import shutil
@@ -38,8 +39,10 @@ DRIVER_RC = "driver.rc"
 WRAPPER_PID = "driver_wrapper.pid"
 STATE_MARK = "HYDRA_RAY_DRIVER="
 # Where a sweep whose hydra.sweep.dir is absolute (a path of the launching
-# machine) lives on the cluster: relative to the driver's working dir, like a
-# relative one, so that nothing is written, or left, outside it on the nodes.
+# machine), or relative but leading out of the working dir (`../out`) or the
+# working dir itself, lives on the cluster: in the driver's working dir, as
+# another relative one does, so that nothing is written, or left, outside it
+# on the nodes, and two sweeps never share it.
 HEAD_SWEEP_DIR = "sweep"
 # The packages staged in PLUGIN_DIR that the jobs import on every node.
 PACKAGES = ("hydra_plugins", "hydra_ray")
@@ -100,8 +103,12 @@ class JobSpec:
 
 def sweep_dir_on_cluster(sweep_dir: str) -> str:
     """The sweep dir as the jobs on the cluster name it (relative to the head
-    driver's working dir): hydra.sweep.dir if relative, else HEAD_SWEEP_DIR."""
-    return HEAD_SWEEP_DIR if Path(sweep_dir).is_absolute() else sweep_dir
+    driver's working dir): hydra.sweep.dir, normalized, if relative and inside
+    that dir, else HEAD_SWEEP_DIR."""
+    inside = os.path.normpath(sweep_dir)
+    if os.path.isabs(inside) or inside == "." or inside.split(os.sep)[0] == "..":
+        return HEAD_SWEEP_DIR
+    return inside
 
 
 def stage_plugin(staged: Path, *, display: bool = True) -> None:

@@ -474,8 +474,8 @@ def _clean_cluster(
 ) -> None:
     """Once everything is home, a small Ray job on the driver's node removes the
     pack and the sweep dir the jobs filled in the Ray job's working dir (the
-    other nodes' copies went with the gather). Kept: an absolute sweep dir (the
-    user's place on the cluster), and one that holds what sync_down left out."""
+    other nodes' copies went with the gather). Kept: a sweep dir that holds what
+    sync_down left out."""
     paths = [where["pack_path"]] if where.get("pack_path") else []
     sweep = where.get("cluster_sweep")
     down = settings.sync_down
