@@ -443,9 +443,14 @@ def _next_item(ref: Any, attempt: _Attempt) -> JobStarted | JobOutcome:
             next(ref) if isinstance(ref, ray.ObjectRefGenerator) else ref
         )
         assert isinstance(item, JobStarted | JobOutcome)
-        if isinstance(item, JobOutcome) and attempt.pid is not None and item.pid != attempt.pid:
-            # Another process than the one that started it: its first process
-            # died and Ray ran the task again (its start event is not repeated).
+        if (
+            isinstance(item, JobOutcome)
+            and attempt.pid is not None
+            and (item.node_id, item.pid) != (attempt.node_id, attempt.pid)
+        ):
+            # Another process than the one that started it (a pid of another
+            # node may be the same): its first process or node died and Ray ran
+            # the task again (its start event is not repeated).
             item.ray_reruns = 1
         return item
     except (ray.exceptions.RayError, StopIteration) as exc:
