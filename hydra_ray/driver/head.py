@@ -102,7 +102,9 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
     with open(spec_path, "rb") as f:
         spec: JobSpec = cloudpickle.load(f)
-    Path(_PID_FILE).write_text(f"{os.getpid()} {spec.policy.stop_grace_s:g}")
+    # Written whole or not at all: gather_after_failure may read it meanwhile.
+    Path(f"{_PID_FILE}.new").write_text(f"{os.getpid()} {spec.policy.stop_grace_s:g}")
+    os.replace(f"{_PID_FILE}.new", _PID_FILE)
     if not spec.live:  # the user's output is no terminal: no colour codes in it
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     # Jobs resolve relative dirs against the head's working dir, not the
