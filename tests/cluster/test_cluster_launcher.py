@@ -67,9 +67,11 @@ def _run_test_app(
     cluster_yaml: Path,
     *overrides: str,
     env: Mapping[str, str] | None = None,
+    sweep_dir: str | None = None,
 ) -> Any:
-    """`python app.py --multirun OVERRIDES` (tests/apps) on the cluster of `cluster_yaml`,
-    with its sweep dir at tmp_path/sweep (`env`: more of the launching process's environment)."""
+    """`python app.py --multirun OVERRIDES` (tests/apps, run in tmp_path/app) on the
+    cluster of `cluster_yaml`, with its sweep dir at tmp_path/sweep, named
+    `sweep_dir` if given (`env`: more of the launching process's environment)."""
     app = tmp_path / "app"
     shutil.copytree(REPO / "tests" / "apps", app)
     return _run(
@@ -81,7 +83,7 @@ def _run_test_app(
         *overrides,
         "hydra/launcher=ray_cluster",
         f"hydra.launcher.cluster_yaml={cluster_yaml}",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"hydra.sweep.dir={sweep_dir or tmp_path / 'sweep'}",
         env=env,
     )
 
@@ -150,7 +152,9 @@ def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
     """A failed job's dir too. Also: a cluster whose config names none gets a name
     unique to the multirun, and is torn down while Python is fully alive (at once on
     the failure), also when Ray's teardown uses a thread pool, as it does for docker
-    (teardown at the multirun's end: the batched sweeper's test)."""
+    (teardown at the multirun's end: the batched sweeper's test). The sweep dir
+    leads out of the app's dir (`../sweep`): on the nodes it stays in the launch's
+    temp dir, and the summary names where the jobs' dirs came home."""
     failing = True
     sweep = tmp_path / "sweep"
     res = _run_test_app(
@@ -161,6 +165,7 @@ def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
         "seconds=1",
         f"raise_on={[2] if failing else []}",
         env=thread_pool_teardown_env(),
+        sweep_dir="../sweep",
     )
     named = re.search(r"Creating or updating cluster '(hydra-app-[0-9a-f]{8})'", res.stdout)
     assert named, res.stdout
@@ -173,12 +178,14 @@ def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
         assert (job_dir / ".hydra" / "config.yaml").is_file()
         assert (job_dir / "app.log").is_file()
         assert (job_dir / f"done_{num}.json").is_file() == (failing is False or num != 1)
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [j["output_dir"] for j in summary["jobs"]] == [str(sweep / str(n)) for n in range(3)]
     if failing:
         assert "ValueError: job 1 was told to raise" in res.stdout
     assert "Stopping cluster" in res.stdout
     assert "cannot schedule new futures" not in res.stdout
     assert "Deleted the cluster" in res.stdout
-    _no_leftovers(fake_hosts)
+    _no_leftovers(fake_hosts, Path("/tmp/sweep"))  # not beside the temp dir either
 
 
 def test_a_job_whose_own_config_asks_for_a_resource_only_the_worker_has_runs_there(
