@@ -68,14 +68,20 @@ def dashboard(head_dashboard_port: int) -> Iterator[str]:
 
 
 def _sweep(
-    dashboard: str, tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
+    dashboard: str,
+    tmp_path: Path,
+    *overrides: str,
+    env: dict[str, str] | None = None,
+    app: str = "app.py",
+    sweep_dir: str = "sweep",
 ) -> AppRun:
+    """`app` of tests/apps swept on ray_jobs through `dashboard`, run in `tmp_path`."""
     return run_app(
-        "app.py",
+        app,
         *overrides,
         "hydra/launcher=ray_jobs",
         f"hydra.launcher.address={dashboard}",
-        "hydra.sweep.dir=sweep",
+        f"hydra.sweep.dir={sweep_dir}",
         cwd=tmp_path,
         env={**USER_ENV, **(env or {})},
         unset=FRESH_SHELL[1:],
@@ -135,17 +141,7 @@ def test_a_sweep_dir_out_of_the_working_dir_lives_in_the_ray_job_s_dir_and_comes
     the summary and the records name ../elsewhere."""
     app = tmp_path / "app"
     app.mkdir()
-    res = run_app(
-        "app.py",
-        "x=1,2",
-        "hydra/launcher=ray_jobs",
-        f"hydra.launcher.address={dashboard}",
-        "hydra.sweep.dir=../elsewhere",
-        cwd=app,
-        env=USER_ENV,
-        unset=FRESH_SHELL[1:],
-        timeout=300,
-    )
+    res = _sweep(dashboard, app, "x=1,2", sweep_dir="../elsewhere")
     assert res.returncode == 0, res.output
     sweep = tmp_path / "elsewhere"
     for num in range(2):
@@ -665,18 +661,13 @@ def test_each_job_gets_the_cpus_its_own_config_asks_for_on_the_cluster(
 ) -> None:
     """hydra.launcher.ray.remote.num_cpus: ${model.cpus}, resolved per job by the
     driver on the cluster (the head has 2 CPUs and no GPU: GPUs and disks off)."""
-    res = run_app(
-        "resources_app.py",
+    res = _sweep(
+        dashboard,
+        tmp_path,
         "model=small,large",
         "hydra.launcher.ray.remote.num_gpus=0",
         "hydra.launcher.ray.remote.resources=null",
-        "hydra/launcher=ray_jobs",
-        f"hydra.launcher.address={dashboard}",
-        "hydra.sweep.dir=sweep",
-        cwd=tmp_path,
-        env=USER_ENV,
-        unset=FRESH_SHELL[1:],
-        timeout=300,
+        app="resources_app.py",
     )
     assert res.returncode == 0, res.output
     sweep = tmp_path / "sweep"
