@@ -48,17 +48,16 @@ def token_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
 
 def test_an_address_where_nothing_listens_is_refused_in_seconds(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
-    started = time.monotonic()
+    # Ray's own connect retries for minutes: a launcher that left it to Ray
+    # would end by this deadline, without the message below.
     res = run_app(
-        "app.py", "x=1", f"hydra.launcher.ray.init.address={address}", cwd=tmp_path, timeout=60
+        "app.py", "x=1", f"hydra.launcher.ray.init.address={address}", cwd=tmp_path, timeout=120
     )
-    took = time.monotonic() - started
     assert res.returncode != 0
     # (Ray reads 127.0.0.1 as this machine's address: the message shows both.)
     assert "No Ray cluster at" in res.output and f"address={address}" in res.output, res.output
     assert "hydra.launcher.ray.init.address" in res.output and "Connection refused" in res.output
     assert "Started a local Ray instance" not in res.output
-    assert took < 45, f"{took:.0f} s"  # Ray's own connect retries for minutes
 
 
 def test_a_dashboard_address_points_to_the_gcs_address(tmp_path: Path) -> None:
@@ -100,7 +99,6 @@ def test_a_missing_or_wrong_token_is_refused_in_seconds_with_the_reason(
     token_cluster: tuple[str, str], tmp_path: Path, token: str | None, says: str
 ) -> None:
     address, _ = token_cluster
-    started = time.monotonic()
     res = run_app(
         "app.py",
         "x=1",
@@ -110,20 +108,22 @@ def test_a_missing_or_wrong_token_is_refused_in_seconds_with_the_reason(
         unset=FRESH_SHELL,
         timeout=60,
     )
-    took = time.monotonic() - started
     assert res.returncode != 0
+    # Our words, not Ray's C++ log (nor its "Failed to connect", after 20 s).
     assert says in res.output, res.output
     assert "ray get-auth-token" in res.output
-    assert "Unauthenticated" not in res.output, res.output  # our words, not Ray's C++ log
-    assert took < 30, f"{took:.0f} s"  # Ray alone says "Failed to connect" after 20 s
+    assert "Unauthenticated" not in res.output, res.output
+    assert "Failed to connect" not in res.output, res.output
 
 
 @pytest.mark.parametrize("after_s", [0.5, 2.0])
 def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
     tmp_path: Path, after_s: float
 ) -> None:
+    # The job would sleep for 5 minutes: a launcher that waited for it, or for
+    # anything else, ends by the deadline below, not by the Ctrl-C.
     proc = subprocess.Popen(
-        [sys.executable, str(APPS / "app.py"), "--multirun", "x=1", "seconds=30"],
+        [sys.executable, str(APPS / "app.py"), "--multirun", "x=1", "seconds=300"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -139,15 +139,13 @@ def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
             assert line, seen
             seen += line
         time.sleep(after_s)
-        interrupted = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
-        took = time.monotonic() - interrupted
+        output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode in (130, -signal.SIGINT), seen + output
-    assert took < 10, f"{took:.1f} s from Ctrl-C to exit"  # ~1 s here; CI is loaded
+    assert list(tmp_path.rglob("done_*")) == [], output
     deadline = time.monotonic() + 5
     while processes_in_session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)

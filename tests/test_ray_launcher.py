@@ -171,14 +171,11 @@ def test_ctrl_c_cancels_jobs_and_stops_ray(tmp_path: Path) -> None:
             time.sleep(0.2)
         running = processes_in_session(proc.pid)
         assert any("raylet" in p for p in running), running
-        interrupted = time.monotonic()
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
-        took = time.monotonic() - interrupted
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert took < 10, f"took {took:.1f} s to exit"
     assert "Interrupted: cancelling 4 unfinished jobs" in output
     time.sleep(1)  # processes killed by Ray's shutdown may take a moment to be reaped
     assert processes_in_session(proc.pid) == []

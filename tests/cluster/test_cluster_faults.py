@@ -148,11 +148,8 @@ def test_killed_remote_driver_fails_the_sweep_and_tears_down(
 def test_ctrl_c_during_the_remote_run_tears_down(
     fake_hosts: FakeHosts, sleepy_sweep: RunningApp
 ) -> None:
-    interrupted = time.monotonic()
     sleepy_sweep.proc.send_signal(signal.SIGINT)
     assert sleepy_sweep.wait(timeout=120) != 0
-    took = time.monotonic() - interrupted
-    assert took < 60, f"{took:.0f} s from Ctrl-C to exit"
     _finished_jobs_came_home(fake_hosts, sleepy_sweep)
 
 
