@@ -76,7 +76,7 @@ def _umask_set_and_restored() -> int:
     return mask
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """Readers see the old file or the whole new one, never a part: a job killed
     half way is never taken as completed. No fsync (2 ms a job): after an OS crash
     a record may be empty, which reads as missing, and the job runs again."""
@@ -99,7 +99,7 @@ def record_path(sweep_dir: Path, idx: int) -> Path:
 
 
 def write_record(sweep_dir: Path, outcome: JobOutcome) -> None:
-    _write_atomically(record_path(sweep_dir, outcome.idx), cloudpickle.dumps(_for_disk(outcome)))
+    write_atomically(record_path(sweep_dir, outcome.idx), cloudpickle.dumps(_for_disk(outcome)))
 
 
 def _for_disk(outcome: JobOutcome) -> JobOutcome:
@@ -269,7 +269,7 @@ def write_manifest(
         "task_overrides": list(task_overrides),
         "jobs": {str(idx): list(ov) for idx, ov in sorted(jobs.items())},
     }
-    _write_atomically(
+    write_atomically(
         sweep_dir / RECORD_DIR / MANIFEST, json.dumps(manifest, indent=1).encode() + b"\n"
     )
 
@@ -312,7 +312,7 @@ def write_summary(
     }
     path = sweep_dir / SUMMARY_FILE
     # Strict JSON: jq and JavaScript refuse NaN and Infinity.
-    _write_atomically(path, json.dumps(summary, indent=1, allow_nan=False).encode() + b"\n")
+    write_atomically(path, json.dumps(summary, indent=1, allow_nan=False).encode() + b"\n")
     return path
 
 
@@ -399,7 +399,7 @@ def note_detached_run(
     the resume needs (where the run puts its results)."""
     noted = detached_runs(sweep_dir, name)
     noted[run_id] = {**(more or {}), "jobs": jobs, "home": home}
-    _write_atomically(sweep_dir / RECORD_DIR / name, json.dumps(noted, indent=1).encode())
+    write_atomically(sweep_dir / RECORD_DIR / name, json.dumps(noted, indent=1).encode())
 
 
 def note_detached_run_home(sweep_dir: Path, name: str, run_id: str) -> None:

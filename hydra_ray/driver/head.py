@@ -42,7 +42,7 @@ from hydra_ray.checks.resources import JobResources
 from hydra_ray.checks.validate import ray_init_kwargs
 from hydra_ray.core.digest import file_digest
 from hydra_ray.core.jobs import JobStarted
-from hydra_ray.core.records import RECORD_DIR, read_record
+from hydra_ray.core.records import RECORD_DIR, read_record, write_atomically
 from hydra_ray.core.redact import redacted
 from hydra_ray.driver.protocol import (
     BUNDLE_MARK,
@@ -102,9 +102,8 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
     with open(spec_path, "rb") as f:
         spec: JobSpec = cloudpickle.load(f)
-    # Written whole or not at all: gather_after_failure may read it meanwhile.
-    Path(f"{_PID_FILE}.new").write_text(f"{os.getpid()} {spec.policy.stop_grace_s:g}")
-    os.replace(f"{_PID_FILE}.new", _PID_FILE)
+    # Written whole: gather_after_failure may read it meanwhile.
+    write_atomically(Path(_PID_FILE), f"{os.getpid()} {spec.policy.stop_grace_s:g}".encode())
     if not spec.live:  # the user's output is no terminal: no colour codes in it
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     # Jobs resolve relative dirs against the head's working dir, not the
@@ -155,10 +154,7 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
         gather=lambda job_dirs: _gather(spec.sweep_dir, job_dirs),
         on_started=started,
     )
-    tmp = returns_path + ".part"
-    with open(tmp, "wb") as out:
-        cloudpickle.dump(outcomes, out)
-    os.replace(tmp, returns_path)
+    write_atomically(Path(returns_path), cloudpickle.dumps(outcomes))
 
 
 def main_for_jobs_api(spec_path: str, plan_path: str) -> None:
@@ -245,9 +241,7 @@ def store_bundle(plan: dict[str, Any]) -> None:
             "they wait on the head"
         )
         return
-    tmp = f"{STORED}.part"
-    Path(tmp).write_text(json.dumps(where))
-    os.replace(tmp, STORED)
+    write_atomically(Path(STORED), json.dumps(where).encode())
 
 
 def _store(storage: str, pack: Path) -> dict[str, Any]:
@@ -400,10 +394,8 @@ def _over_ssh(jobs_cwd: str) -> DiskReach | None:
 
 def write_gather_report(left: Sequence[LeftOnNode]) -> None:
     """complete=true only if no node's part stayed behind."""
-    tmp = f"{GATHER_REPORT}.part"
     report = {"complete": not left, "left": [part.as_json() for part in left]}
-    Path(tmp).write_text(json.dumps(report))
-    os.replace(tmp, GATHER_REPORT)
+    write_atomically(Path(GATHER_REPORT), json.dumps(report).encode())
 
 
 def _stop(pid: int, grace_s: float) -> None:
