@@ -82,10 +82,22 @@ def run_app(
     process's environment plus `env` and without the variables in `unset`.
 
     (`unset` matters: the session's `ray.init()` sets RAY_AUTH_MODE=token here.)"""
+    args = [str(APPS / app), "--multirun", *overrides]
+    return run_python(*args, cwd=cwd, env=env, unset=unset, timeout=timeout)
+
+
+def run_python(
+    *args: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
+    timeout: float = 180,
+) -> AppRun:
+    """Run `python <args>` as `run_app` does (`-m pkg.app --multirun ...`, say)."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
     env = {k: v for k, v in env.items() if k not in unset}
     res = subprocess.run(
-        [sys.executable, str(APPS / app), "--multirun", *overrides],
+        [sys.executable, *args],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,

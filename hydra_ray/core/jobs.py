@@ -1,6 +1,7 @@
 """The sweep's data types: a job (`Job`), how failing and slow jobs are treated
-(`Policy`), what every job shares (`SweepState`), and what a job reports when it
-starts (`JobStarted`) and when it ends (`JobOutcome`, with its status).
+(`Policy`), what every job shares (`SweepState`, with the app's `Script`), and
+what a job reports when it starts (`JobStarted`) and when it ends (`JobOutcome`,
+with its status).
 
 Records and returns pickle these classes by name: they stay here. No Ray.
 """
@@ -43,6 +44,27 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class Script:
+    """The app's script as it was at launch: each job runs with a module made
+    from it as its `__main__` (see `engine.script`)."""
+
+    source: str
+    # Its absolute path on the launching machine.
+    path: str
+    # Its path relative to the code that sync_up sends to a cluster, where the
+    # jobs find it on their sys.path; None where nothing sends it (jobs look at `path`).
+    sent_as: str | None
+    # The launch's working dir relative to that code, where it is in it: the
+    # jobs' original cwd is its copy on their node.
+    cwd_sent_as: str | None
+    # Run as `python -m NAME`: NAME and its package; None for a script run by path.
+    module: str | None
+    package: str | None
+    # The task function in it: its qualified name and first line.
+    task: tuple[str, int]
+
+
+@dataclass(frozen=True)
 class SweepState:
     """What every job of a sweep shares. Shipped to the cluster once and
     unpickled once per worker process, not once per job."""
@@ -60,6 +82,8 @@ class SweepState:
     # Where the jobs write instead of their config's hydra.sweep.dir: on a cluster,
     # when that is an absolute path of the launching machine. None: as configured.
     sweep_dir: str | None = None
+    # The app's script, when the task function is defined in it (its `__main__`).
+    script: Script | None = None
 
 
 @dataclass(frozen=True)

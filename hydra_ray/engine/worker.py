@@ -1,11 +1,13 @@
 """The body of one sweep job, run in a Ray worker process; the SweepState
 captured on the launching side, shipped once to Ray's object store
-(`ShippedState`) and restored once per worker process.
+(`ShippedState`) and restored once per worker process, with the app's script
+made the jobs' `__main__` there (`engine.script`).
 
 Ray's worker imports it by reference when it unpickles the task, in every
 worker process that runs a job: it imports nothing heavy at module level (no Ray).
 """
 
+import contextlib
 import logging
 import os
 import sys
@@ -36,6 +38,7 @@ from hydra_ray.core.jobs import (
     SweepState,
 )
 from hydra_ray.core.tracebacks import drop_chain, pack
+from hydra_ray.engine.script import Main, as_main, load, plain_children, script_of
 from hydra_ray.engine.snapshot import portable_context, why_not_portable
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ def capture_sweep_state(
             (fn.__module__, fn.__qualname__): fn.__code__.co_filename
             for fn in _functions(task_function)
         },
+        script=script_of(task_function),
     )
 
 
@@ -137,8 +141,9 @@ def dumps_for_cluster(obj: Any) -> bytes:
     return blob
 
 
-# The SweepState this worker process unpickled last, by key.
+# The SweepState this worker process unpickled last, by key, and its app's script.
 _restored: dict[str, SweepState] = {}
+_mains: dict[str, Main] = {}
 
 
 def _restore(state_key: str, packed_state: list[Any]) -> SweepState:
@@ -156,6 +161,26 @@ def _restore(state_key: str, packed_state: list[Any]) -> SweepState:
     if Singleton._instances is not state.singleton_state["instances"]:
         Singleton.set_state(state.singleton_state)
     return state
+
+
+def _main(state_key: str, state: SweepState, overrides: Sequence[str]) -> Main | None:
+    """The app's script as a module, made once per worker process and sweep (in
+    the jobs' working dir, after Hydra's singletons are restored: what it stores
+    in the ConfigStore is its own); None if the task is not the script's."""
+    if state.script is None:
+        return None
+    main = _mains.get(state_key)
+    if main is None:
+        main = load(state.script, overrides)
+        if main.module is None:
+            log.warning(
+                f"The app's script {main.path} could not be made the jobs' __main__ "
+                f"({main.why}): its task runs as shipped, where plain pickle (multiprocessing, "
+                "torch.save) cannot find the script's classes and functions by name"
+            )
+        _mains.clear()
+        _mains[state_key] = main
+    return main
 
 
 def _functions(root: Any, limit: int = 5000) -> Iterator[types.FunctionType]:
@@ -267,6 +292,7 @@ class _Prepared:
     started_at: float
     node: str
     node_id: str
+    main: Main | None
 
     @classmethod
     def compose(
@@ -283,17 +309,22 @@ class _Prepared:
         node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         node_id = ray.get_runtime_context().get_node_id()
         state = _restore(state_key, packed_state)
-        config, error = None, None
+        plain_children()
+        config, error, main = None, None, None
         try:
             os.makedirs(state.cwd, exist_ok=True)
             os.chdir(state.cwd)
+            main = _main(state_key, state, overrides)
             config = composed or state.hydra_context.config_loader.load_sweep_config(
                 state.config, list(overrides)
             )
             with open_dict(config):
                 config.hydra.job.id = str(idx)  # a str field: Hydra 1.4 warns on an int
                 config.hydra.job.num = idx
-                if composed is None:
+                if main is not None and main.cwd is not None:
+                    # The launch's working dir as sync_up sent it to this node.
+                    config.hydra.runtime.cwd = main.cwd
+                elif composed is None:
                     # As composed where the sweep was launched (get_original_cwd(), as
                     # Hydra's launchers give it), not in this node's working dir.
                     config.hydra.runtime.cwd = state.config.hydra.runtime.cwd
@@ -302,7 +333,7 @@ class _Prepared:
             HydraConfig.instance().set_config(config)
         except Exception as exc:  # composing the config failed: the job never runs
             config, error = None, exc
-        return cls(state, idx, overrides, config, error, started_at, node, node_id)
+        return cls(state, idx, overrides, config, error, started_at, node, node_id, main)
 
     @property
     def job_dir(self) -> str | None:
@@ -328,17 +359,19 @@ class _Prepared:
         job_return = JobReturn(overrides=list(self.overrides), status=JobStatus.FAILED)
         job_return.return_value = self.error
         if self.config is not None:
-            task_function = self.state.task_function
+            main = self.main
+            task_function = (main and main.task) or self.state.task_function
             if attempts > 1:
                 task_function = _announcing_attempt(task_function, self.idx, attempt, attempts)
             try:
-                job_return = run_job(
-                    hydra_context=self.state.hydra_context,
-                    task_function=task_function,
-                    config=self.config,
-                    job_dir_key="hydra.sweep.dir",
-                    job_subdir_key="hydra.sweep.subdir",
-                )
+                with _as_its_script(main, self.overrides):
+                    job_return = run_job(
+                        hydra_context=self.state.hydra_context,
+                        task_function=task_function,
+                        config=self.config,
+                        job_dir_key="hydra.sweep.dir",
+                        job_subdir_key="hydra.sweep.subdir",
+                    )
                 task_raised = job_return.status == JobStatus.FAILED
             except Exception as exc:  # run_job could not set the job up: it never ran
                 job_return.return_value = exc
@@ -358,6 +391,15 @@ class _Prepared:
             task_raised=task_raised,
             status=status,
         )
+
+
+def _as_its_script(
+    main: Main | None, overrides: Sequence[str]
+) -> "contextlib.AbstractContextManager[None]":
+    """The job runs as `python <script> <its overrides>` would (see `engine.script`)."""
+    if main is None:
+        return contextlib.nullcontext()
+    return as_main(main.module, main.path, overrides)
 
 
 def _announcing_attempt(

@@ -74,7 +74,7 @@ from hydra_ray.infra.storage import (
 )
 from hydra_ray.infra.sync import rsync_command
 from hydra_ray.launch import skeleton
-from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec
+from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec, warn_if_script_left_out
 
 if TYPE_CHECKING:
     from hydra_ray.launch.sweep import Session
@@ -150,6 +150,7 @@ def _run_on_cluster(
         with remote_temp_dir(cluster) as remote_tmp:
             _ship_plugin(cluster, remote_tmp.path, local_tmp)
             _sync_up(cluster, settings.sync_up, remote_tmp.path, local_tmp)
+            warn_if_script_left_out(spec, local_tmp / "code")
             cluster.rsync_up(str(spec_file), f"{remote_tmp.path}/{JOB_SPEC}")
             stored = _plan_storage(cluster, settings.sync_down, spec.sweep_dir, remote_tmp.path)
             # Noted before it starts: a launcher killed right after leaves a driver

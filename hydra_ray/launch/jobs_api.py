@@ -65,7 +65,7 @@ from hydra_ray.infra.scratch import scratch_dir
 from hydra_ray.infra.storage import check_pack, fetch_checked, remove_quietly, storage_problems
 from hydra_ray.infra.sync import rsync_command
 from hydra_ray.launch import skeleton
-from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec
+from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec, warn_if_script_left_out
 
 if TYPE_CHECKING:
     from hydra_ray.launch.sweep import Session
@@ -614,6 +614,7 @@ def _stage(
     # A job whose ray.remote does not resolve is refused here, before the upload.
     code_dir = "code" if sync.source_dir is not None else None
     spec = build_job_spec(session, book, current, code_dir)
+    warn_if_script_left_out(spec, package / "code")
     (package / JOB_SPEC).write_bytes(dumps_for_cluster(spec))
     down = settings.sync_down
     plan = {

@@ -40,6 +40,7 @@ from hydra_ray.core.records import (
 )
 from hydra_ray.driver.protocol import JobSpec, sweep_dir_on_cluster
 from hydra_ray.engine.report import describe, summary_table, want_live
+from hydra_ray.engine.script import left_out_warning, sent_from
 from hydra_ray.engine.worker import ShippedState, capture_sweep_state, composed_here
 
 if TYPE_CHECKING:
@@ -379,6 +380,14 @@ class Session:
     lifetime: "ClusterLifetime | None" = None
 
 
+def warn_if_script_left_out(spec: JobSpec, staged: Path) -> None:
+    """Say what fails on the cluster if the code sync_up sends (as staged to send,
+    in `staged`) lacks the app's script."""
+    warning = left_out_warning(spec.state.script, staged if spec.code_dir is not None else None)
+    if warning is not None:
+        log.warning(warning)
+
+
 def build_job_spec(
     session: "Session", book: "SweepBook", current: "Batch", code_dir: str | None
 ) -> JobSpec:
@@ -391,6 +400,10 @@ def build_job_spec(
     configs = composed_here(context, config, current.to_run)
     for_sweep(context, config, configs).resolve_ahead(current.to_run)
     state = capture_sweep_state(context, session.task_function, config)
+    source_dir = config.hydra.launcher.sync_up.source_dir
+    if state.script is not None and code_dir is not None and source_dir is not None:
+        script = sent_from(state.script, str(source_dir), str(config.hydra.runtime.cwd))
+        state = dataclasses.replace(state, script=script)
     # An absolute sweep dir is a path of this machine: on the cluster it lives in
     # the driver's working dir, as a relative one does, and comes home.
     there = sweep_dir_on_cluster(str(book.sweep_dir))
