@@ -36,6 +36,7 @@ from hydra_ray.launch.sweep import SweepBook, SweepSettings
 from .cluster_harness.moto import MotoServer, moto_server
 from .conftest import APPS, AppRun, free_port, ray_head, run_app
 from .port_forward import port_forward
+from .real_code import ran_as_its_script
 
 FRESH_SHELL = ("RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 USER_ENV = {"RAY_AUTH_MODE": "disabled"}
@@ -654,6 +655,48 @@ def test_the_example_sends_its_code_and_gets_each_job_s_return_value_and_files(
     assert got == [model.loss_after(5, 0.1), model.loss_after(5, 0.01)]
     for num, lr in enumerate(["0.1", "0.01"]):
         assert (sweep / str(num) / "checkpoint.txt").read_text().startswith(f"lr={lr} ")
+
+
+def _trainer_sent(*include: str) -> list[str]:
+    """sync_up of tests/apps, sending only `include`."""
+    listed = ",".join(f"'{name}'" for name in include)
+    return [
+        f"hydra.launcher.sync_up.source_dir={APPS}",
+        f"hydra.launcher.sync_up.include=[{listed}]",
+        "hydra.launcher.sync_up.exclude=['*']",
+    ]
+
+
+def test_a_job_runs_as_its_script_would_from_the_code_sent_with_the_ray_job(
+    dashboard: str, tmp_path: Path
+) -> None:
+    res = _sweep(
+        dashboard, tmp_path, "x=1,2", *_trainer_sent("trainer.py", "trainer.yaml"), app="trainer.py"
+    )
+    assert res.returncode == 0, res.output
+    assert "is not in what hydra.launcher.sync_up sends" not in res.output
+    reports = ran_as_its_script(tmp_path / "sweep", [["x=1"], ["x=2"]])
+    # The script as the Ray job's working dir holds it on the node, not this checkout's.
+    scripts = {r["argv"][0] for r in reports}
+    assert len(scripts) == 1 and str(APPS) not in scripts.pop(), scripts
+    assert all(r["argv"][0].endswith("/code/trainer.py") for r in reports)
+
+
+def test_a_script_that_sync_up_leaves_out_is_named_and_its_jobs_still_pickle(
+    dashboard: str, tmp_path: Path
+) -> None:
+    res = _sweep(
+        dashboard,
+        tmp_path,
+        "x=1",
+        "relaunch=false",
+        *_trainer_sent("trainer.yaml"),
+        app="trainer.py",
+    )
+    assert res.returncode == 0, res.output
+    assert "The app's script trainer.py is not in what hydra.launcher.sync_up sends" in res.output
+    assert "add 'trainer.py' to hydra.launcher.sync_up.include" in res.output
+    ran_as_its_script(tmp_path / "sweep", [["x=1", "relaunch=False"]], relaunched=False)
 
 
 def test_each_job_gets_the_cpus_its_own_config_asks_for_on_the_cluster(

@@ -24,6 +24,7 @@ from ..cluster_harness.fake_hosts import (
     unique_cluster_name,
 )
 from ..conftest import run_in_pty
+from ..real_code import ran_as_its_script
 
 REPO = Path(__file__).parents[2]
 EXAMPLE = REPO / "examples" / "upload_download"
@@ -224,6 +225,42 @@ def test_a_job_whose_own_config_asks_for_a_resource_only_the_worker_has_runs_the
     assert jobs[1]["node"] == fake_hosts.address("worker"), res.stdout
     assert "with {CPU: 2, disk: 1}" in res.stdout
     _no_leftovers(fake_hosts)
+
+
+def test_a_job_on_a_worker_node_runs_as_its_script_would(
+    fake_hosts: FakeHosts, tmp_path: Path
+) -> None:
+    """The script and its config go with sync_up; the jobs run on the worker,
+    whose disk has none of this machine's paths: each job's argv, __main__ and
+    original cwd are their copies there, and Lightning's relaunch works."""
+    cluster_yaml = _cluster_yaml(fake_hosts, tmp_path, "scr")
+    app = tmp_path / "app"
+    shutil.copytree(REPO / "tests" / "apps", app)
+    sweep = tmp_path / "sweep"
+    res = _run(
+        fake_hosts,
+        tmp_path,
+        app,
+        "trainer.py",
+        "--multirun",
+        "x=1,2",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={cluster_yaml}",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.launcher.sync_up.source_dir=.",
+        "hydra.launcher.sync_up.include=['trainer.py','trainer.yaml']",
+        "hydra.launcher.sync_up.exclude=['*']",
+    )
+    assert res.returncode == 0, res.stdout
+    assert "is not in what hydra.launcher.sync_up sends" not in res.stdout
+    reports = ran_as_its_script(sweep, [["x=1"], ["x=2"]])
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert {j["node"] for j in jobs} == {fake_hosts.address("worker")}
+    for report in reports:
+        script = Path(report["argv"][0])
+        assert script.name == "trainer.py" and not script.is_relative_to(tmp_path), report
+        assert report["original_cwd"] == str(script.parent), report
+    _no_leftovers(fake_hosts, sweep)
 
 
 def test_resume_on_a_cluster_runs_only_what_did_not_succeed(
