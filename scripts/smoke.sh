@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A smoke run of the plugin on each Python that pyproject.toml declares besides
 # the main venv's: the example sweep on a local Ray, a failing job among good
-# ones, a resume, a ray_jobs round trip with outputs home. Each Python gets its
+# ones, a resume, a ray_jobs round trip with outputs home, jobs that run as their
+# script would (its __main__, pools, a relaunch). Each Python gets its
 # own venv (./.venv-py3.X) with the plugin (editable) and pytest only; then the
 # same on the main Python with every dependency at its declared lower bound
 # (./.venv-lowest, shared with tests/test_ray_versions.py).
@@ -17,6 +18,8 @@ TESTS=(
   "tests/test_ray_launcher.py::test_failed_and_killed_jobs_do_not_stop_the_others"
   "tests/test_long_sweeps.py::test_an_interrupted_sweep_resumes_without_running_finished_jobs_again"
   "tests/test_ray_jobs.py::test_a_sweep_runs_as_one_ray_job_and_everything_comes_home"
+  "tests/test_real_code.py::test_a_job_runs_as_its_script_would_on_a_local_ray"
+  "tests/test_real_code.py::test_a_job_that_starts_and_ends_a_fork_pool_again_and_again_never_hangs"
 )
 
 find_python() {

@@ -72,6 +72,8 @@ run_stage "Hydra 1.4" hydra14 "$VENV/bin/python" -m pytest -p no:cacheprovider t
   tests/test_secrets.py tests/test_sweep_records.py tests/test_dry_run.py tests/test_tracebacks.py \
   tests/test_hydra_versions.py tests/test_snapshot.py tests/test_held.py tests/test_structure.py \
   "tests/test_ray_launcher.py::test_nothing_of_ours_warns_at_discovery_in_workers_or_per_job" \
+  "tests/test_real_code.py::test_a_job_runs_as_its_script_would_on_a_local_ray" \
+  "tests/test_real_code.py::test_a_script_is_made_the_jobs_main_and_put_back_after" \
   "tests/test_resources.py::test_each_job_gets_the_resources_its_own_config_asks_for" \
   "tests/test_resources.py::test_a_value_that_does_not_resolve_for_a_job_is_refused_before_ray_starts"
 rm -rf "$HYDRA14"

@@ -21,6 +21,7 @@ from .conftest import APPS, SMALL_RAY, free_port, ray_head, run_app, run_python
 from .real_code import TRAINER, ran_as_its_script
 
 NO_TOKEN = {"RAY_AUTH_MODE": "disabled"}
+REPO = Path(__file__).parents[1]
 
 
 def _app_copy(where: Path, *, rename: tuple[str, str] | None = None) -> Path:
@@ -74,6 +75,37 @@ def test_a_job_that_starts_and_ends_a_fork_pool_again_and_again_never_hangs(
         [["x=1", "fork_pools=30", "relaunch=False"], ["x=2", "fork_pools=30", "relaunch=False"]],
         relaunched=False,
     )
+
+
+def test_the_training_code_example_trains_each_job_on_two_ranks(
+    ray_session: str, tmp_path: Path
+) -> None:
+    example = tmp_path / "training_code"
+    shutil.copytree(REPO / "examples" / "training_code", example)
+    sweep = tmp_path / "sweep"
+    res = run_python(
+        "train.py",
+        "--multirun",
+        "lr=0.1,0.01",
+        "ranks=2",
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=example,
+    )
+    assert res.returncode == 0, res.output
+    load = "import pickle, sys\nclass Model: ...\nprint(pickle.load(open(sys.argv[1], 'rb')).w)"
+    for num in (0, 1):
+        weights = {
+            subprocess.run(
+                [sys.executable, "-c", load, str(sweep / str(num) / f"model_rank{rank}.pkl")],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            for rank in (0, 1)
+        }
+        assert len(weights) == 1 and float(weights.pop()) > 0  # both ranks trained alike
+    assert (sweep / "1" / "rank_1.log").read_text().count("rank 1 epoch") == 5
 
 
 def test_an_app_run_with_python_m_is_relaunched_with_m(ray_session: str, tmp_path: Path) -> None:
