@@ -684,6 +684,31 @@ def test_stop_cluster_false_without_a_cluster_name_is_refused_before_anything_st
         named_cluster(cluster_config_for_ray(cfg), cfg, "app")
 
 
+@pytest.mark.parametrize("name", ["../../.ssh", "a b", "-rf", "x;reboot", "a..b"])
+def test_a_cluster_name_that_is_no_plain_name_is_refused_with_the_characters_to_use(
+    name: str,
+) -> None:
+    """The name goes into paths and commands on the head (the autodown watchdog's
+    disarm once became `rm -rf ~/.hydra_ray/autodown/../../.ssh`)."""
+    cfg = _aws(cluster_name=name)
+    with pytest.raises(ConfigError, match=r"hydra\.launcher\.ray\.cluster\.cluster_name=") as exc:
+        named_cluster(cluster_config_for_ray(cfg), cfg, "app")
+    assert "letters, digits, '-', '_' and '.'" in str(exc.value)
+    ok = _aws(cluster_name="my-sweep_2.b")
+    assert named_cluster(cluster_config_for_ray(ok), ok, "app")["cluster_name"] == "my-sweep_2.b"
+
+
+@pytest.mark.parametrize("minutes", [1e17, 525_601])
+def test_an_autodown_longer_than_a_year_is_refused_naming_null_instead(minutes: float) -> None:
+    cfg = _aws()
+    OmegaConf.update(cfg, "autodown_minutes", minutes)
+    with pytest.raises(ConfigError, match=r"autodown_minutes=.* is not valid.*at most 525600") as e:
+        check_launch_preconditions(cfg)
+    assert "or null to keep it until `ray down`" in str(e.value)
+    OmegaConf.update(cfg, "autodown_minutes", 525_600)
+    check_launch_preconditions(cfg)
+
+
 def _without_aws(tmp_path: Path) -> dict[str, str]:
     """A user's environment with no AWS credentials anywhere."""
     home = tmp_path / "home"

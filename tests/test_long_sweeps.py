@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .conftest import APPS, SMALL_RAY, run_app, run_app_in_pty
 
 ESCAPE = "\x1b"
@@ -310,6 +312,11 @@ def test_bad_values_are_refused_naming_the_key(tmp_path: Path) -> None:
     for override, key in (
         ("hydra.launcher.retries=-1", "hydra.launcher.retries=-1"),
         ("hydra.launcher.job_timeout_s=0", "hydra.launcher.job_timeout_s=0"),
+        # Ray itself checks a strategy's name only when a task is submitted.
+        (
+            "hydra.launcher.ray.remote.scheduling_strategy=spread",
+            "hydra.launcher.ray.remote.scheduling_strategy=spread",
+        ),
     ):
         res = run_app("app.py", "x=1", override, cwd=tmp_path, timeout=60)
         assert res.returncode != 0
@@ -405,10 +412,15 @@ def test_long_sweep_example_jobs_continue_from_their_checkpoint_on_retry(
         assert log.count("epoch 1: loss") == 1
 
 
-def test_jobs_no_node_can_run_are_refused_instead_of_waiting_forever(tmp_path: Path) -> None:
+# "local" is ray.init()'s own word for a new local Ray, not a cluster's address.
+@pytest.mark.parametrize("address", [[], ["hydra.launcher.ray.init.address=local"]])
+def test_jobs_no_node_can_run_are_refused_instead_of_waiting_forever(
+    tmp_path: Path, address: list[str]
+) -> None:
     res = run_app(
         "app.py",
         "x=1,2",
+        *address,
         "hydra.launcher.ray.init.num_cpus=1",
         "hydra.launcher.ray.init.include_dashboard=false",
         "hydra.launcher.ray.remote.num_cpus=2",

@@ -474,6 +474,35 @@ def test_an_agent_wait_that_cannot_work_is_refused_with_its_key(tmp_path: Path, 
     assert "Submitted" not in res.output and "Uploading package" not in res.output
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("hydra.launcher.headers='Bearer abc123'", "hydra.launcher.headers is not valid: it is a"),
+        (
+            "hydra.launcher.verify=/nonexistent/ca.pem",
+            "hydra.launcher.verify=/nonexistent/ca.pem: no such CA bundle",
+        ),
+    ],
+)
+def test_headers_or_a_ca_bundle_that_cannot_work_are_refused_with_their_key(
+    tmp_path: Path, override: str, said: str
+) -> None:
+    res = run_app(
+        "app.py",
+        "x=1",
+        "hydra/launcher=ray_jobs",
+        "hydra.launcher.address=http://127.0.0.1:1",
+        override,
+        cwd=tmp_path,
+        unset=FRESH_SHELL,
+        timeout=60,
+    )
+    assert res.returncode != 0
+    assert said in res.output, res.output
+    assert "Traceback" not in res.output and "abc123" not in res.output
+    assert "Submitted" not in res.output and "Uploading package" not in res.output
+
+
 def test_a_stop_wait_shorter_than_the_jobs_grace_is_refused_naming_both_keys(
     tmp_path: Path,
 ) -> None:

@@ -167,6 +167,12 @@ _LOGGING_CHOICES = {
     "color_mode": ("auto", "true", "false"),
 }
 _RUN_ENVS = ("auto", "host", "docker")
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+# A year: longer is no teardown at all (null says that), and the watchdog's shell
+# arithmetic overflows on the seconds of values such as 1e17.
+_MAX_AUTODOWN_MINUTES = 525_600
+# What ray.remote() takes as a string scheduling_strategy (it checks only at submission).
+_SCHEDULING_STRATEGIES = ("DEFAULT", "SPREAD")
 
 
 def cluster_config_for_ray(launcher_cfg: DictConfig) -> dict[str, Any]:
@@ -245,7 +251,15 @@ def named_cluster(
     two sweeps never share (and tear down) one cluster by accident. Call it once
     per multirun. Raises ConfigError for stop_cluster=false without a name: the
     next run could not find the kept cluster and would start (and pay for) a second."""
-    if cluster.get("cluster_name"):
+    name = cluster.get("cluster_name")
+    if name:
+        if not isinstance(name, str) or not _CLUSTER_NAME.fullmatch(name) or ".." in name:
+            raise ConfigError(
+                f"{_CLUSTER_KEY}.cluster_name={name!r} (or cluster_name in "
+                "hydra.launcher.cluster_yaml) is not valid: the name goes into file names and "
+                "commands on the head, so use letters, digits, '-', '_' and '.', starting with "
+                "a letter or digit, at most 100 (e.g. 'my-sweep')"
+            )
         return dict(cluster)
     if not launcher_cfg.stop_cluster:
         raise ConfigError(
@@ -476,6 +490,12 @@ def check_remote_options(remote: Mapping[str, Any]) -> dict[str, Any]:
     import ray
 
     options = without_nulls(remote)
+    strategy = options.get("scheduling_strategy")
+    if isinstance(strategy, str) and strategy not in _SCHEDULING_STRATEGIES:
+        raise ConfigError(
+            f"hydra.launcher.ray.remote.scheduling_strategy={strategy} is not valid: Ray takes "
+            f"{' or '.join(_SCHEDULING_STRATEGIES)} (upper case), or null for Ray's default"
+        )
     try:
         ray.remote(_no_op).options(**options)
     except (ValueError, TypeError) as exc:
@@ -522,12 +542,13 @@ def reconnect_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
 def autodown_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
     """`hydra.launcher.autodown_minutes` (cluster launchers) that cannot work."""
     minutes = launcher_cfg.get("autodown_minutes")
-    if minutes is None or _positive_seconds(minutes):
+    if minutes is None or (_positive_seconds(minutes) and minutes <= _MAX_AUTODOWN_MINUTES):
         return []
     return [
         ConfigError(
             f"hydra.launcher.autodown_minutes={_shown(minutes)} is not valid: set it to the "
             "minutes the cluster may sit idle (no sweep driver, no transfer) before it tears "
-            "itself down (default 60), or null to keep it until `ray down`"
+            f"itself down (default 60, at most {_MAX_AUTODOWN_MINUTES}, a year), or null to "
+            "keep it until `ray down`"
         )
     ]

@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hydra_ray.checks.validate import (
     plain_dict,
@@ -223,12 +223,26 @@ def dashboard_address(settings: DictConfig) -> str:
 
 
 def _dashboard(settings: DictConfig) -> Dashboard:
+    if settings.headers is not None and not OmegaConf.is_dict(settings.headers):
+        # Its value is likely a secret (a token): not shown.
+        raise ConfigError(
+            "hydra.launcher.headers is not valid: it is a mapping of header names to values, "
+            "e.g. +hydra.launcher.headers.Authorization='Bearer <token>' (or "
+            "hydra.launcher.headers='{Authorization: \"Bearer <token>\"}')"
+        )
     headers = plain_dict(settings.headers) if settings.headers is not None else {}
     verify = settings.verify
     if not isinstance(verify, (bool, str)):
         raise ConfigError(
             f"hydra.launcher.verify={verify} is not valid: true, false, or a CA bundle's path"
         )
+    if isinstance(verify, str) and not os.path.exists(os.path.expanduser(verify)):
+        raise ConfigError(
+            f"hydra.launcher.verify={verify}: no such CA bundle (file or dir) on this machine. "
+            "Give the path of the CA bundle that signed the dashboard's certificate, or true "
+            "for the system's CAs"
+        )
+    verify = os.path.expanduser(verify) if isinstance(verify, str) else verify
     sent, token_from = _with_token({str(k): str(v) for k, v in headers.items()})
     return Dashboard(dashboard_address(settings), sent, verify, token_from)
 

@@ -82,7 +82,8 @@ def _run_here(
     resources = for_sweep(session.hydra_context, config)
     resources.resolve_ahead(current.to_run)
     start_ray(init)
-    connected = bool(init.get("address") or os.environ.get("RAY_ADDRESS"))
+    # "local" (ray.init's own word for a new local Ray) is no cluster.
+    connected = (init.get("address") or os.environ.get("RAY_ADDRESS") or "local") != "local"
     for options, jobs in resources.distinct(current.to_run):
         _check_schedulable(options, jobs, connected=connected)
     if session.shipped is None or not session.shipped.is_current():
