@@ -21,6 +21,7 @@ import time
 import venv
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra.test_utils.launcher_common_tests import (
@@ -644,6 +645,50 @@ def test_a_dashboard_out_of_reach_or_another_server_is_named_before_anything_is_
     assert res.returncode != 0
     assert f"{address} (hydra.launcher.address) answered, but not as a Ray dashboard" in res.output
     assert "Traceback" not in res.output, res.output
+
+
+class _RefusesUploads(http.server.BaseHTTPRequestHandler):
+    """A dashboard, as Ray's client sees it, whose package upload fails (a full
+    disk on the head, a proxy's limit): 500 to every PUT."""
+
+    def do_GET(self) -> None:
+        import ray
+
+        if self.path == "/api/version":
+            body = {"version": "4", "ray_version": ray.__version__, "ray_commit": "x"}
+            self._answer(200, json.dumps(body).encode())
+        else:
+            self._answer(404, b"not found")
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer(500, b"upload failed: no space left on device")
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_dashboard_that_refuses_the_upload_is_named_with_its_answer(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusesUploads)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"http://127.0.0.1:{server.server_address[1]}"
+        res = sweep_to(address, tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert res.returncode != 0
+    said = f"The dashboard at {address} (hydra.launcher.address) refused the sweep's upload"
+    assert said in res.output, res.output
+    assert "upload failed: no space left on device" in res.output
+    assert "Nothing runs on the cluster" in res.output and "Traceback" not in res.output
+    assert "Submitted the sweep" not in res.output
 
 
 def test_the_example_sends_its_code_and_gets_each_job_s_return_value_and_files(

@@ -369,6 +369,7 @@ def _run_as_ray_job(
         try:
             _submit(
                 client,
+                dashboard.address,
                 float(settings.agent_wait_s),
                 entrypoint=entrypoint,
                 submission_id=submission_id,
@@ -575,7 +576,10 @@ def _reattach(
 _NO_AGENT = "No available agent to submit job"
 
 
-def _submit(client: Any, wait_s: float, **job: Any) -> None:
+def _submit(client: Any, address: str, wait_s: float, **job: Any) -> None:
+    """Upload the package and submit the Ray job, waiting up to `wait_s` for a
+    job agent. Raises DriverError for any other refusal (Ray's client raises
+    RuntimeError for every answer but 200)."""
     deadline = None  # counted from the first "no agent": the upload before takes its time
     while True:
         try:
@@ -583,7 +587,12 @@ def _submit(client: Any, wait_s: float, **job: Any) -> None:
             return
         except RuntimeError as exc:
             if _NO_AGENT not in str(exc):
-                raise
+                raise DriverError(
+                    f"The dashboard at {address} (hydra.launcher.address) refused the sweep's "
+                    f"upload or its submission as Ray job {job['submission_id']}: "
+                    f"{str(exc).rstrip('.')}. Nothing runs on the cluster; see the dashboard's "
+                    "log (dashboard.log in the head's Ray log dir), then run the same command again"
+                ) from None
             deadline = deadline or time.monotonic() + wait_s
             if time.monotonic() >= deadline:
                 raise DriverError(
