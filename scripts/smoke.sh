@@ -20,6 +20,7 @@ TESTS=(
   "tests/test_ray_jobs.py::test_a_sweep_runs_as_one_ray_job_and_everything_comes_home"
   "tests/test_real_code.py::test_a_job_runs_as_its_script_would_on_a_local_ray"
   "tests/test_real_code.py::test_a_job_that_starts_and_ends_a_fork_pool_again_and_again_never_hangs"
+  "tests/test_untar.py"
 )
 
 find_python() {

@@ -35,6 +35,11 @@ class LostDashboardError(LauncherError):
     """The connection to the dashboard broke while the Ray job ran on."""
 
 
+class UnsafeArchive(LauncherError):
+    """An archive from a cluster or a storage would write outside its target:
+    nothing of it was extracted."""
+
+
 class JobError(RuntimeError):
     """A failed job's return value: stands for a job's exception that could not
     travel back from the worker, or for a job that ended without returning (its

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from hydra_ray import FACE
 from hydra_ray.core.jobs import Job, JobOutcome, Policy, SweepState
 from hydra_ray.core.records import RECORD_DIR
+from hydra_ray.core.untar import extract_within
 
 # The driver, run as `python -m DRIVER_MODULE` in its working dir on the head.
 DRIVER_MODULE = "hydra_ray.driver.head"
@@ -237,10 +238,7 @@ def unpack_bundle(
     `sweep_dir`'s record dir, its outputs into `outputs_to`. The jobs whose
     records came, and where the returns are (None if the driver wrote none)."""
     with tarfile.open(pack) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(into, filter="data")
-        else:  # pragma: no cover - Pythons without extraction filters
-            tar.extractall(into)
+        extract_within(tar, into, source=f"the sweep's pack {pack.name}")
     idxs: list[int] = []
     if (into / BUNDLE_RECORDS).is_dir():
         shutil.copytree(into / BUNDLE_RECORDS, sweep_dir / RECORD_DIR, dirs_exist_ok=True)

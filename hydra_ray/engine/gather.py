@@ -35,16 +35,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hydra_ray.core.digest import file_digest
-from hydra_ray.core.errors import PartCorrupted
+from hydra_ray.core.errors import PartCorrupted, UnsafeArchive
 from hydra_ray.core.jobs import JobOutcome, JobStarted
+from hydra_ray.core.untar import extract_within
 
 log = logging.getLogger(__name__)
 
-# Extract the jobs' files as the jobs wrote them (symlinks included), on every
-# Python: 3.14 would filter them by default, Pythons before 3.10.12 lack filters.
-_AS_WRITTEN: dict[str, Any] = (
-    {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
-)
 # Bytes per fetch task, and fetch tasks in flight per node.
 CHUNK_BYTES = 16 * 1024 * 1024
 _IN_FLIGHT = 4
@@ -253,7 +249,13 @@ def _bring(
                 f"Gathered the outputs written on node {part.node} ({len(packed.dirs)} job dirs, "
                 f"{packed.size / 1e6:.1f} MB) into {sweep_dir}"
             )
-    except (ray.exceptions.RayError, OSError, tarfile.TarError, PartCorrupted) as exc:
+    except (
+        ray.exceptions.RayError,
+        OSError,
+        tarfile.TarError,
+        PartCorrupted,
+        UnsafeArchive,
+    ) as exc:
         if packed is not None and packed.tar is not None:
             _discard(part, packed.tar)
         return LeftOnNode(part.node, part.node_id, part.dirs, f"{type(exc).__name__}: {exc}")
@@ -312,13 +314,12 @@ def extract(tar_file: Path, sweep_dir: Path, *, winning: Iterable[str]) -> None:
     replace what is here; the others' files (attempts whose result was not
     recorded) are added only where nothing is yet."""
     wins = {os.path.normpath(w) for w in winning}
+
+    def keep(member: tarfile.TarInfo) -> bool:
+        return _job_dir_of(member.name, wins) or not os.path.lexists(sweep_dir / member.name)
+
     with tarfile.open(tar_file) as tar:
-        members = [
-            m
-            for m in tar.getmembers()
-            if _job_dir_of(m.name, wins) or not os.path.lexists(os.path.join(sweep_dir, m.name))
-        ]
-        tar.extractall(sweep_dir, members=members, **_AS_WRITTEN)
+        extract_within(tar, sweep_dir, keep=keep, source=f"a node's part {tar_file.name}")
 
 
 def _job_dir_of(name: str, dirs: set[str]) -> bool:
