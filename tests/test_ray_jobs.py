@@ -21,7 +21,7 @@ import time
 import venv
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hydra.test_utils.launcher_common_tests import (
@@ -672,6 +672,90 @@ class _RefusesUploads(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+class _AsksForAToken(_RefusesUploads):
+    """As _RefusesUploads, and with token authentication: 401 to every request
+    without `Bearer <TOKEN>`. Notes every request's Authorization header."""
+
+    TOKEN = secrets.token_hex(16)
+    asks = True
+    seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        if self._authorized():
+            super().do_GET()
+
+    def do_PUT(self) -> None:
+        if self._authorized():
+            super().do_PUT()
+
+    def _authorized(self) -> bool:
+        said = self.headers.get("Authorization") or ""
+        type(self).seen.append(said)
+        if self.asks and said != f"Bearer {self.TOKEN}":
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._answer(401, b"Unauthorized: missing or invalid token")
+            return False
+        return True
+
+
+class _NeverAsks(_AsksForAToken):
+    asks = False
+    seen: ClassVar[list[str]] = []
+
+
+@pytest.mark.parametrize("handler", [_NeverAsks, _AsksForAToken])
+def test_this_machine_s_token_goes_only_to_a_dashboard_that_asks_for_it(
+    tmp_path: Path, handler: type[_AsksForAToken]
+) -> None:
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(_AsksForAToken.TOKEN)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"http://127.0.0.1:{server.server_address[1]}"
+        res = run_app(
+            "app.py",
+            "x=1",
+            "hydra/launcher=ray_jobs",
+            f"hydra.launcher.address={address}",
+            cwd=tmp_path,
+            env={"HOME": str(home)},
+            unset=FRESH_SHELL,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    # Both took the upload (the one asking, with the token), and refused it.
+    assert "upload failed: no space left on device" in res.output, res.output
+    sent = [said for said in handler.seen if said]
+    if handler is _NeverAsks:
+        assert handler.seen and sent == []
+    else:
+        assert handler.seen[0] == "" and set(sent) == {f"Bearer {_AsksForAToken.TOKEN}"}
+
+
+def test_a_token_is_not_sent_in_clear_to_another_machine_unless_the_user_says_so(
+    tmp_path: Path,
+) -> None:
+    """Under RAY_AUTH_MODE=token the token goes from the first request: to an http
+    address that is not loopback (a name that never resolves: nothing is sent
+    anywhere), the launcher refuses, naming what to do."""
+    res = run_app(
+        "app.py",
+        "x=1",
+        "hydra/launcher=ray_jobs",
+        "hydra.launcher.address=http://dashboard.invalid:8265",
+        cwd=tmp_path,
+        env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "abc123"},
+        unset=("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"),
+        timeout=60,
+    )
+    assert res.returncode != 0
+    assert "would cross the network in clear" in res.output, res.output
+    assert "hydra.launcher.token_over_http=true" in res.output and "abc123" not in res.output
 
 
 def test_a_dashboard_that_refuses_the_upload_is_named_with_its_answer(tmp_path: Path) -> None:

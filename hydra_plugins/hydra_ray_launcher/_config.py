@@ -455,6 +455,9 @@ class RayJobsLauncherConf(SweepRunConf):
     headers: Any = None
     # TLS: true (verify with the system's CAs), false, or a CA bundle's path.
     verify: Any = True
+    # This machine's Ray token goes only to a dashboard that asks for one; over plain
+    # http to another machine (not loopback), only with this set.
+    token_over_http: bool = False
     # ray.init (its runtime_env too) and ray.remote, as the `ray` launcher's: used by
     # the sweep's driver on the cluster.
     ray: RayConf = field(default_factory=RayConf)

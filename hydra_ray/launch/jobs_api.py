@@ -6,6 +6,7 @@ file served by the dashboard's log API. Nothing here needs SSH or the GCS port."
 
 import asyncio
 import dataclasses
+import ipaddress
 import json
 import logging
 import math
@@ -87,20 +88,49 @@ def _lost() -> tuple[type[BaseException], ...]:
     return (RuntimeError, OSError, asyncio.TimeoutError, aiohttp.ClientError)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Dashboard:
-    """Where and how to reach the cluster's dashboard; `token_from` says where
-    the token sent with every request came from (None: none sent)."""
+    """Where and how to reach the cluster's dashboard. `token` (found where Ray's
+    clients find it; `token_from` says where) goes with every request only once
+    the dashboard has asked for one (401/403 without it), or at once under
+    RAY_AUTH_MODE=token; over plain http to another machine, only with
+    `token_over_http`. A token in the user's own headers goes as they say."""
 
     address: str
-    headers: dict[str, str]
+    user_headers: dict[str, str]
     verify: bool | str
+    token: str | None = None
     token_from: str | None = None
+    token_over_http: bool = False
+    sends_token: bool = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Every request's headers: the user's, and the token once it is sent."""
+        if self.sends_token and self.token is not None:
+            return {**self.user_headers, "Authorization": f"Bearer {self.token}"}
+        return dict(self.user_headers)
 
     def client(self) -> Any:
         """Ray's client, its first request made: a dashboard that cannot be
         reached, or that refuses the token, is named here, before any upload.
         Raises ConfigError."""
+        if self.token is not None and os.environ.get("RAY_AUTH_MODE") == "token":
+            self._send_token()
+        try:
+            client = self._connect()
+        except _AsksForToken as asked:
+            if self.token is None or self.sends_token:
+                raise ConfigError(self._refused(asked.said)) from None
+            self._send_token()
+            try:
+                client = self._connect()
+            except _AsksForToken as again:
+                raise ConfigError(self._refused(again.said)) from None
+        self._check_ray_version()
+        return client
+
+    def _connect(self) -> Any:
         from ray.job_submission import JobSubmissionClient
 
         from hydra_ray.infra.connect import auth_error
@@ -108,9 +138,9 @@ class Dashboard:
         AuthenticationError = auth_error()
 
         try:
-            client = JobSubmissionClient(self.address, headers=self.headers, verify=self.verify)
+            return JobSubmissionClient(self.address, headers=self.headers, verify=self.verify)
         except AuthenticationError as exc:
-            raise ConfigError(self._refused(str(exc))) from None
+            raise _AsksForToken(str(exc)) from None
         except ConnectionError:
             raise ConfigError(
                 f"Cannot reach the dashboard at {self.address} (hydra.launcher.address): is "
@@ -118,12 +148,26 @@ class Dashboard:
                 "svc/<cluster>-head-svc 8265:8265`) running?"
             ) from None
         except (RuntimeError, OSError) as exc:  # an HTTP answer, not the Jobs API's
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            if status in (401, 403):  # a Ray without token authentication's client
+                raise _AsksForToken(f"HTTP {status}") from None
             raise ConfigError(
                 f"{self.address} (hydra.launcher.address) answered, but not as a Ray "
                 f"dashboard's Jobs API ({exc}): give the dashboard's port (8265 by default)"
             ) from None
-        self._check_ray_version()
-        return client
+
+    def _send_token(self) -> None:
+        """From now on the token goes with every request. Raises ConfigError where
+        it would cross the network in clear without the user's say-so."""
+        url = urllib.parse.urlsplit(self.address)
+        if url.scheme == "http" and not _loopback(url.hostname) and not self.token_over_http:
+            raise ConfigError(
+                f"The dashboard at {self.address} asks for a token, and this machine's (from "
+                f"{self.token_from}) would cross the network in clear (http to another "
+                "machine). Reach the dashboard over https, or through a port-forward to "
+                "127.0.0.1, or set hydra.launcher.token_over_http=true to send it anyway"
+            )
+        self.sends_token = True
 
     def _check_ray_version(self) -> None:
         """Refuse a cluster whose Ray is older than the lowest this plugin works
@@ -164,18 +208,32 @@ class Dashboard:
         )
 
 
+class _AsksForToken(Exception):
+    """The dashboard answered 401 or 403: it wants a token, or another."""
+
+    def __init__(self, said: str):
+        super().__init__(said)
+        self.said = said
+
+
+def _loopback(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:  # a name: it may resolve to anywhere
+        return False
+
+
 # Whose value is the user's own token: sent as it is, no other is added.
 _AUTH_HEADERS = ("authorization", "x-ray-authorization")
 
 
-def _with_token(headers: dict[str, str]) -> tuple[dict[str, str], str | None]:
-    """`headers` with the bearer token Ray's own clients would send, found as
-    they find it (RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names,
-    ~/.ray/auth_token), whatever RAY_AUTH_MODE says: a header of the user's
-    wins. Sent to a cluster without token authentication, it is ignored there.
+def _found_token() -> tuple[str | None, str | None]:
+    """The bearer token Ray's own clients would send, found as they find it
+    (RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token),
+    whatever RAY_AUTH_MODE says, and where it was found; (None, None) if none.
     Raises ConfigError."""
-    if any(k.lower() in _AUTH_HEADERS for k in headers):
-        return headers, "hydra.launcher.headers"
     token, source = os.environ.get("RAY_AUTH_TOKEN", "").strip(), "RAY_AUTH_TOKEN"
     if not token:
         named = os.environ.get("RAY_AUTH_TOKEN_PATH")
@@ -191,9 +249,7 @@ def _with_token(headers: dict[str, str]) -> tuple[dict[str, str], str | None]:
                 ) from None
         except OSError as exc:
             raise ConfigError(f"Cannot read the token file {path} ({exc})") from None
-    if not token:
-        return headers, None
-    return {**headers, "Authorization": f"Bearer {token}"}, source
+    return (token, source) if token else (None, None)
 
 
 def dashboard_address(settings: DictConfig) -> str:
@@ -243,8 +299,13 @@ def _dashboard(settings: DictConfig) -> Dashboard:
             "for the system's CAs"
         )
     verify = os.path.expanduser(verify) if isinstance(verify, str) else verify
-    sent, token_from = _with_token({str(k): str(v) for k, v in headers.items()})
-    return Dashboard(dashboard_address(settings), sent, verify, token_from)
+    given = {str(k): str(v) for k, v in headers.items()}
+    address = dashboard_address(settings)
+    if any(k.lower() in _AUTH_HEADERS for k in given):  # the user's own: sent as it is
+        return Dashboard(address, given, verify, token_from="hydra.launcher.headers")
+    token, token_from = _found_token()
+    over_http = bool(settings.get("token_over_http", False))
+    return Dashboard(address, given, verify, token, token_from, over_http)
 
 
 def jobs_problems(settings: DictConfig) -> list[ConfigError]:
