@@ -459,20 +459,28 @@ def test_an_address_that_is_no_dashboard_is_refused_with_the_launcher_to_use(
     assert "Submitted" not in res.output and "Uploading package" not in res.output
 
 
-@pytest.mark.parametrize("wait", ["-1", "inf", "soon"])
-def test_an_agent_wait_that_cannot_work_is_refused_with_its_key(tmp_path: Path, wait: str) -> None:
+def _refused_before_anything(tmp_path: Path, *overrides: str) -> AppRun:
+    """A one-job ray_jobs sweep to an address where nothing listens, with
+    `overrides`: refused, with nothing submitted or uploaded."""
     res = run_app(
         "app.py",
         "x=1",
         "hydra/launcher=ray_jobs",
         "hydra.launcher.address=http://127.0.0.1:1",
-        f"hydra.launcher.agent_wait_s={wait}",
+        *overrides,
         cwd=tmp_path,
         unset=FRESH_SHELL,
+        timeout=60,
     )
     assert res.returncode != 0
-    assert "hydra.launcher.agent_wait_s=" in res.output, res.output
     assert "Submitted" not in res.output and "Uploading package" not in res.output
+    return res
+
+
+@pytest.mark.parametrize("wait", ["-1", "inf", "soon"])
+def test_an_agent_wait_that_cannot_work_is_refused_with_its_key(tmp_path: Path, wait: str) -> None:
+    res = _refused_before_anything(tmp_path, f"hydra.launcher.agent_wait_s={wait}")
+    assert "hydra.launcher.agent_wait_s=" in res.output, res.output
 
 
 @pytest.mark.parametrize(
@@ -488,38 +496,17 @@ def test_an_agent_wait_that_cannot_work_is_refused_with_its_key(tmp_path: Path, 
 def test_headers_or_a_ca_bundle_that_cannot_work_are_refused_with_their_key(
     tmp_path: Path, override: str, said: str
 ) -> None:
-    res = run_app(
-        "app.py",
-        "x=1",
-        "hydra/launcher=ray_jobs",
-        "hydra.launcher.address=http://127.0.0.1:1",
-        override,
-        cwd=tmp_path,
-        unset=FRESH_SHELL,
-        timeout=60,
-    )
-    assert res.returncode != 0
+    res = _refused_before_anything(tmp_path, override)
     assert said in res.output, res.output
     assert "Traceback" not in res.output and "abc123" not in res.output
-    assert "Submitted" not in res.output and "Uploading package" not in res.output
 
 
 def test_a_stop_wait_shorter_than_the_jobs_grace_is_refused_naming_both_keys(
     tmp_path: Path,
 ) -> None:
-    res = run_app(
-        "app.py",
-        "x=1",
-        "hydra/launcher=ray_jobs",
-        "hydra.launcher.address=http://127.0.0.1:1",
-        "hydra.launcher.stop_grace_s=60",
-        cwd=tmp_path,
-        unset=FRESH_SHELL,
-    )
-    assert res.returncode != 0
+    res = _refused_before_anything(tmp_path, "hydra.launcher.stop_grace_s=60")
     says = "hydra.launcher.stop_wait_s=60 is too short for hydra.launcher.stop_grace_s=60"
     assert says in res.output and "at least 65" in res.output, res.output
-    assert "Submitted" not in res.output and "Uploading package" not in res.output
 
 
 def test_a_package_over_ray_s_upload_limit_is_refused_before_the_upload(
