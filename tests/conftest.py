@@ -37,6 +37,18 @@ def pytest_configure(config: pytest.Config) -> None:
     tests that press Ctrl-C mean a user's terminal, where it is not ignored."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The machine's key for sweeps (core.seal), the tests' own, shared with the
+    # apps they start: never the user's ~/.local/state.
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="hydra-ray-tests-state-")
+
+
+def sweep_key_of(sweep_dir: Path) -> bytes:
+    """The key of the sweep in `sweep_dir` (its id made if it has none), as the
+    launcher derives it: what seals its records."""
+    from hydra_ray.core.records import RECORD_DIR
+    from hydra_ray.core.seal import sweep_key
+
+    return sweep_key(sweep_dir / RECORD_DIR, new=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,27 +18,35 @@ from .conftest import run_app
 FIXTURE = Path(__file__).parent / "fixtures" / "records_2.0.0.dev0"
 
 
-def test_a_sweep_recorded_by_2_0_0_dev0_resumes_running_only_its_failed_job(
+def test_a_sweep_recorded_by_2_0_0_dev0_is_refused_by_name_and_runs_again_once_moved_aside(
     ray_session: str, tmp_path: Path
 ) -> None:
+    """Its records carry no seal (core.seal): this machine cannot tell them from
+    ones anybody wrote there, so nothing of them is unpickled. The resume names
+    each and prints the command that moves them aside; after it, the jobs run."""
     sweep = tmp_path / "sweep"
     shutil.copytree(FIXTURE, sweep)
-    res = run_app(
-        "app.py",
+    overrides = [
         "x=1,2,3",
         "fail_first=[2]",
         "hydra.sweep.dir=sweep",
         f"hydra.launcher.ray.init.address={ray_session}",
         "hydra.launcher.resume=true",
-        cwd=tmp_path,
-    )
-    assert res.returncode == 0, res.output
-    assert "2 more succeeded earlier and were not run again" in res.output, res.output
-    # Each job's output dir counts its runs: job #1 ran once more, the others did not.
+    ]
+    res = run_app("app.py", *overrides, cwd=tmp_path)
+    assert res.returncode == 1, res.output
+    for n in range(3):
+        assert f"job_{n}.pkl: carries no seal of this sweep" in res.output, res.output
+    # Nothing ran, nothing changed.
+    assert [len((sweep / str(n) / f"runs_{n}").read_text().split()) for n in range(3)] == [1, 1, 1]
+    move_aside = res.output.split("then run the same command again:\n", 1)[1].splitlines()[0]
+    subprocess.run(move_aside.strip(), shell=True, check=True)
+
+    again = run_app("app.py", *overrides, cwd=tmp_path)
+    assert again.returncode == 0, again.output
     runs = [len((sweep / str(n) / f"runs_{n}").read_text().split()) for n in range(3)]
-    assert runs == [1, 2, 1]
+    assert runs == [2, 2, 2]
     summary = json.loads((sweep / "sweep_summary.json").read_text())
-    assert [j["status"] for j in summary["jobs"]] == ["succeeded"] * 3
     assert [j["return_value"] for j in summary["jobs"]] == [10, 20, 30]
 
 

@@ -364,7 +364,7 @@ def test_summary_of_nan_and_infinite_return_values_is_strict_json(
         assert jq.stdout.strip() == '["NaN",{"loss":"Infinity","curve":[0.5,"-Infinity"]}]'
 
 
-def test_files_the_sweep_writes_get_the_mode_of_the_users_umask(
+def test_the_summary_gets_the_mode_of_the_users_umask_records_are_0600(
     ray_session: str, tmp_path: Path
 ) -> None:
     for umask, mode in ((0o077, 0o600), (0o022, 0o644)):
@@ -381,8 +381,10 @@ def test_files_the_sweep_writes_get_the_mode_of_the_users_umask(
             timeout=180,
         )
         assert res.returncode == 0, res.stdout
-        for path in ("sweep_summary.json", ".hydra_ray/sweep.json", ".hydra_ray/job_0.pkl"):
-            assert oct((sweep / path).stat().st_mode & 0o777) == oct(mode), (umask, path)
+        assert oct((sweep / "sweep_summary.json").stat().st_mode & 0o777) == oct(mode), umask
+        # They hold the overrides and configs as run, secrets too: this user's only.
+        for path in (".hydra_ray/sweep.json", ".hydra_ray/job_0.pkl"):
+            assert oct((sweep / path).stat().st_mode & 0o777) == oct(0o600), (umask, path)
 
 
 def test_long_sweep_example_jobs_continue_from_their_checkpoint_on_retry(

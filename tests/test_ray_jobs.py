@@ -35,7 +35,7 @@ from hydra_ray.core.records import read_record
 from hydra_ray.launch.sweep import SweepBook, SweepSettings
 
 from .cluster_harness.moto import MotoServer, moto_server
-from .conftest import APPS, AppRun, free_port, ray_head, run_app
+from .conftest import APPS, AppRun, free_port, ray_head, run_app, sweep_key_of
 from .port_forward import port_forward
 from .real_code import ran_as_its_script
 
@@ -123,7 +123,7 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
     # Where each job's files are here, not where they were on the cluster; in
     # the records too, which a resume hands to the sweeper.
     assert [j["output_dir"] for j in summary["jobs"]] == [str(sweep / str(n)) for n in range(3)]
-    record = read_record(sweep, 1)
+    record = read_record(sweep, 1, sweep_key_of(sweep))
     assert record is not None and record.job_return.hydra_cfg is not None
     assert record.job_return.hydra_cfg.hydra.runtime.output_dir == str(sweep / "1")
     assert "job 2 was told to raise" in out
@@ -150,7 +150,7 @@ def test_a_sweep_dir_out_of_the_working_dir_lives_in_the_ray_job_s_dir_and_comes
         assert (sweep / str(num) / f"done_{num}.json").is_file(), res.output
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     assert [j["output_dir"] for j in summary["jobs"]] == [str(sweep / str(n)) for n in range(2)]
-    record = read_record(sweep, 1)
+    record = read_record(sweep, 1, sweep_key_of(sweep))
     assert record is not None and record.job_return.hydra_cfg is not None
     assert record.job_return.hydra_cfg.hydra.runtime.output_dir == str(sweep / "1")
     _the_cluster_keeps_nothing(dashboard, res.output)
@@ -1030,12 +1030,12 @@ def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
     (shared / "hydra-app-1.tar").write_bytes(b"not the pack the driver made")
     where = {"storage": f"file://{shared}", "key": "hydra-app-1.tar", "size": 10, "sha256": "0"}
     logs = f"a log line\n{BUNDLE_MARK}{json.dumps(where)}\n"  # the driver's last line
-    settings = OmegaConf.create({"sync_down": {"target_dir": None}})
+    settings = OmegaConf.create({"sync_down": {"target_dir": None, "storage": f"file://{shared}"}})
     book = SweepBook(tmp_path / "sweep", [], SweepSettings(False, 0, None, False))
     dashboard = _jobs_api.Dashboard("http://127.0.0.1:1", {}, True)
     with pytest.raises(OutputsNotHomeError, match=r"damaged.*they stay in file://"):
         _jobs_api._bring_pack_home(
-            dashboard, _jobs_api._bundle_location(logs), settings, book, tmp_path
+            dashboard, "hydra-app-1", _jobs_api._bundle_location(logs), settings, book, tmp_path
         )
     assert (shared / "hydra-app-1.tar").is_file()  # nothing removed that did not come home
 

@@ -101,3 +101,88 @@ def test_secrets_reach_the_jobs_but_not_the_logs_records_or_summary(
         data = path.read_bytes()
         for secret in SECRETS:
             assert secret.encode() not in data, path
+
+
+def test_headers_named_like_a_key_and_secret_assignments_are_hidden_numbers_shown() -> None:
+    assert redacted({"X-Api-Key": "k", "x-access-key": "a", "Accept": "json"}) == {
+        "X-Api-Key": HIDDEN,
+        "x-access-key": HIDDEN,
+        "Accept": "json",
+    }
+    assert (
+        redacted("+api_token=tok1 lr=0.1 max_tokens=512")
+        == f"+api_token={HIDDEN} lr=0.1 max_tokens=512"
+    )
+    assert redacted("export WANDB_API_KEY=abc && python x.py") == (
+        f"export WANDB_API_KEY={HIDDEN} && python x.py"
+    )
+    assert redacted("s3://AKID:sec@bucket/p") == f"s3://{HIDDEN}@bucket/p"
+
+
+# What a user puts in a sweep: a pip index with a password and an API key in
+# the set-up commands, a storage and a dashboard with credentials in their
+# URLs, a header with a key, a token as an override of the app's config.
+LEAKS = {
+    "pip": "pipPW-s3cr3t",
+    "wandb": "wandb-s3cr3t",
+    "storage": "stor-s3cr3t",
+    "dashboard": "dash-s3cr3t",
+    "header": "hdr-s3cr3t",
+    "override": "tok-s3cr3t",
+}
+
+
+def _no_leak(output: str) -> None:
+    found = {name: value for name, value in LEAKS.items() if value in output}
+    assert not found, (found, output)
+
+
+def _dry(*overrides: str, cwd: Path) -> str:
+    res = run_app(
+        "app.py",
+        "x=1,2",
+        f"+api_token={LEAKS['override']}",
+        f"hydra.launcher.sync_down.storage='s3://AKID:{LEAKS['storage']}@bucket/p'",
+        "hydra.launcher.dry_run=true",
+        *overrides,
+        cwd=cwd,
+    )
+    return res.output
+
+
+def test_no_secret_in_a_cluster_dry_run(tmp_path: Path) -> None:
+    yaml = tmp_path / "cluster.yaml"
+    yaml.write_text(
+        "cluster_name: dry\n"
+        "provider: {type: local, head_ip: 127.0.0.9, worker_ips: [127.0.0.10]}\n"
+        "auth: {ssh_user: nobody, ssh_private_key: /nonexistent/key}\n"
+    )
+    commands = (
+        f"'pip install --index-url=https://me:{LEAKS['pip']}@pypi.example/simple numpy',"
+        f"'export WANDB_API_KEY={LEAKS['wandb']}'"
+    )
+    out = _dry(
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.cluster_yaml={yaml}",
+        f"hydra.launcher.env_setup.commands=[{commands}]",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    # The plan is there, with the secrets hidden in it.
+    head = out.split("Commands on the head, in the order they run:", 1)[1]
+    assert f"pip install --index-url=https://{HIDDEN}@pypi.example/simple numpy" in head, out
+    assert f"export WANDB_API_KEY={HIDDEN}" in head, out
+    assert f"api_token={HIDDEN}" in out, out
+    _no_leak(out)
+
+
+def test_no_secret_in_a_ray_jobs_dry_run(tmp_path: Path) -> None:
+    out = _dry(
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address=http://me:{LEAKS['dashboard']}@127.0.0.1:9",
+        f"+hydra.launcher.headers={{X-Api-Key:{LEAKS['header']}}}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    assert "Dry run" in out and "127.0.0.1:9" in out, out
+    _no_leak(out)

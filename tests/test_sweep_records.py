@@ -30,9 +30,12 @@ from hydra_ray.core.records import (
     write_record,
     write_summary,
 )
+from hydra_ray.core.seal import SWEEP_ID, seal
 from hydra_ray.driver.protocol import HEAD_SWEEP_DIR, sweep_dir_on_cluster
 from hydra_ray.engine.report import MAX_TABLE_ROWS, summary_table
 from hydra_ray.launch.sweep import SweepBook, SweepSettings, batch, sweep_settings
+
+from .conftest import sweep_key_of
 
 
 def run_batch(
@@ -87,7 +90,8 @@ def jobs_of(*overrides: str) -> list[Job]:
 
 
 def record_files(sweep_dir: Path) -> list[str]:
-    return sorted(os.listdir(sweep_dir / RECORD_DIR))
+    """The files in the record dir, but the sweep's id (core.seal)."""
+    return sorted(set(os.listdir(sweep_dir / RECORD_DIR)) - {SWEEP_ID})
 
 
 def read_summary(sweep_dir: Path) -> dict[str, Any]:
@@ -123,21 +127,25 @@ class Opaque:
 
 
 def test_record_round_trip_keeps_status_attempt_and_return_value(tmp_path: Path) -> None:
-    write_record(tmp_path, outcome(0, ["x=1"], value={"loss": 0.5}, attempt=3))
-    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED, error=KeyError("lr")))
+    write_record(
+        tmp_path, outcome(0, ["x=1"], value={"loss": 0.5}, attempt=3), sweep_key_of(tmp_path)
+    )
+    write_record(
+        tmp_path, outcome(1, ["x=2"], status=FAILED, error=KeyError("lr")), sweep_key_of(tmp_path)
+    )
 
-    ok = read_record(tmp_path, 0)
+    ok = read_record(tmp_path, 0, sweep_key_of(tmp_path))
     assert ok is not None
     assert (ok.idx, ok.status, ok.attempt) == (0, SUCCEEDED, 3)
     assert ok.job_return.return_value == {"loss": 0.5}
     assert ok.job_return.overrides == ["x=1"]
     assert ok.duration == pytest.approx(2.5)
 
-    failed = read_record(tmp_path, 1)
+    failed = read_record(tmp_path, 1, sweep_key_of(tmp_path))
     assert failed is not None
     assert failed.status == FAILED
     assert failed.error == "KeyError: 'lr'"
-    assert read_record(tmp_path, 2) is None
+    assert read_record(tmp_path, 2, sweep_key_of(tmp_path)) is None
 
 
 def test_empty_record_is_missing_and_the_job_runs_again(
@@ -147,7 +155,7 @@ def test_empty_record_is_missing_and_the_job_runs_again(
     record_path(tmp_path, 0).write_bytes(b"")  # renamed into place, then an OS crash
 
     caplog.set_level(logging.WARNING)
-    assert read_record(tmp_path, 0) is None
+    assert read_record(tmp_path, 0, sweep_key_of(tmp_path)) is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(str(record_path(tmp_path, 0)) in w and "job #0 not finished" in w for w in warnings)
 
@@ -164,7 +172,7 @@ def test_temp_file_of_a_killed_writer_is_not_a_record(tmp_path: Path) -> None:
     # Whole, even: the writer was killed between its write and the rename.
     (record_dir / ".job_3.pkl.k2j4x9").write_bytes(cloudpickle.dumps(outcome(3, ["x=4"])))
 
-    assert read_record(tmp_path, 3) is None
+    assert read_record(tmp_path, 3, sweep_key_of(tmp_path)) is None
     book = SweepBook(tmp_path, ["x=1,2,3,4"], settings(resume=True))
     reused, to_run = book.plan(jobs_of("x=1", "x=2", "x=3", "x=4"))
     assert reused == []
@@ -172,10 +180,10 @@ def test_temp_file_of_a_killed_writer_is_not_a_record(tmp_path: Path) -> None:
 
 
 def test_write_record_replaces_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write_record(tmp_path, outcome(0, ["x=1"], status=FAILED))
-    write_record(tmp_path, outcome(0, ["x=1"], value=7, attempt=2))
+    write_record(tmp_path, outcome(0, ["x=1"], status=FAILED), sweep_key_of(tmp_path))
+    write_record(tmp_path, outcome(0, ["x=1"], value=7, attempt=2), sweep_key_of(tmp_path))
 
-    record = read_record(tmp_path, 0)
+    record = read_record(tmp_path, 0, sweep_key_of(tmp_path))
     assert record is not None
     assert (record.status, record.attempt, record.job_return.return_value) == (SUCCEEDED, 2, 7)
     assert record_files(tmp_path) == ["job_0.pkl"]  # no temp file left
@@ -186,10 +194,10 @@ def test_write_record_replaces_atomically(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        write_record(tmp_path, outcome(0, ["x=1"], status=TIMED_OUT))
+        write_record(tmp_path, outcome(0, ["x=1"], status=TIMED_OUT), sweep_key_of(tmp_path))
     monkeypatch.undo()
 
-    record = read_record(tmp_path, 0)
+    record = read_record(tmp_path, 0, sweep_key_of(tmp_path))
     assert record is not None
     assert record.status == SUCCEEDED
     assert record_files(tmp_path) == ["job_0.pkl"]
@@ -212,8 +220,8 @@ def test_new_sweep_moves_an_earlier_sweeps_records_and_summary_aside(
     reused, to_run = SweepBook(tmp_path, ["x=1,2"], settings(resume=False)).plan(jobs)
     assert reused == []
     assert [j.idx for j in to_run] == [0, 1]
-    assert read_record(tmp_path, 0) is None
-    assert read_record(tmp_path, 1) is None
+    assert read_record(tmp_path, 0, sweep_key_of(tmp_path)) is None
+    assert read_record(tmp_path, 1, sweep_key_of(tmp_path)) is None
     # Not deleted: moved, whole, into a dir of their own, which the log names.
     (aside,) = (tmp_path / RECORD_DIR).glob("earlier-*")
     assert files_under(aside) == earlier
@@ -234,9 +242,9 @@ def test_new_sweep_moves_an_earlier_sweeps_records_and_summary_aside(
 def test_resume_reuses_succeeded_jobs_and_reruns_the_others(tmp_path: Path) -> None:
     jobs = jobs_of("x=1", "x=2", "x=3", "x=4")
     SweepBook(tmp_path, ["x=1,2,3,4"], settings()).plan(jobs)
-    write_record(tmp_path, outcome(0, ["x=1"], value="zero"))
-    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED))
-    write_record(tmp_path, outcome(2, ["x=3"], status=TIMED_OUT))
+    write_record(tmp_path, outcome(0, ["x=1"], value="zero"), sweep_key_of(tmp_path))
+    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED), sweep_key_of(tmp_path))
+    write_record(tmp_path, outcome(2, ["x=3"], status=TIMED_OUT), sweep_key_of(tmp_path))
     # Job 3 has no record: it never finished.
 
     book = SweepBook(tmp_path, ["x=1,2,3,4"], settings(resume=True))
@@ -249,7 +257,7 @@ def test_resume_reuses_succeeded_jobs_and_reruns_the_others(tmp_path: Path) -> N
 
 def test_resume_refuses_another_sweeps_overrides(tmp_path: Path) -> None:
     SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs_of("x=1", "x=2"))
-    write_record(tmp_path, outcome(0, ["x=1"]))
+    write_record(tmp_path, outcome(0, ["x=1"]), sweep_key_of(tmp_path))
 
     book = SweepBook(tmp_path, ["x=1,3"], settings(resume=True))
     with pytest.raises(ConfigError) as err:
@@ -263,7 +271,7 @@ def test_resume_refuses_another_sweeps_overrides(tmp_path: Path) -> None:
 def test_resume_accepts_the_same_overrides_in_another_order(tmp_path: Path) -> None:
     jobs = [Job(0, ["x=1", "y=a"]), Job(1, ["x=2", "y=a"])]
     SweepBook(tmp_path, ["x=1,2", "y=a"], settings()).plan(jobs)
-    write_record(tmp_path, outcome(0, ["x=1", "y=a"]))
+    write_record(tmp_path, outcome(0, ["x=1", "y=a"]), sweep_key_of(tmp_path))
 
     reused, to_run = SweepBook(tmp_path, ["y=a", "x=1,2"], settings(resume=True)).plan(jobs)
     assert [o.idx for o in reused] == [0]
@@ -272,7 +280,7 @@ def test_resume_accepts_the_same_overrides_in_another_order(tmp_path: Path) -> N
 
 def test_resume_refuses_a_job_recorded_with_other_overrides(tmp_path: Path) -> None:
     SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs_of("x=1", "x=2"))
-    write_record(tmp_path, outcome(1, ["x=2"]))
+    write_record(tmp_path, outcome(1, ["x=2"]), sweep_key_of(tmp_path))
 
     book = SweepBook(tmp_path, ["x=1,2"], settings(resume=True))
     with pytest.raises(ConfigError, match=re.escape("hydra.launcher.resume=true refused")) as err:
@@ -292,7 +300,9 @@ def write_record_of_a_vanished_module(
     (mods / "vanished_results.py").write_text("class Result:\n    pass\n")
     monkeypatch.syspath_prepend(str(mods))
     module = importlib.import_module("vanished_results")
-    write_record(tmp_path, outcome(job.idx, job.overrides, value=module.Result()))
+    write_record(
+        tmp_path, outcome(job.idx, job.overrides, value=module.Result()), sweep_key_of(tmp_path)
+    )
     shutil.rmtree(mods)
     del sys.modules["vanished_results"]
     importlib.invalidate_caches()
@@ -307,18 +317,45 @@ def spoil_record(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job
     if kind == "module gone":
         return write_record_of_a_vanished_module(tmp_path, monkeypatch, job)
     if kind == "truncated":
-        write_record(tmp_path, outcome(job.idx, job.overrides, value=1))
-        path.write_bytes(path.read_bytes()[:40])  # e.g. a disk that filled up
-        return "UnpicklingError: pickle data was truncated"
+        write_record(tmp_path, outcome(job.idx, job.overrides, value=1), sweep_key_of(tmp_path))
+        path.write_bytes(path.read_bytes()[:80])  # e.g. a disk that filled up
+        return "does not verify with this sweep's key"
     if kind == "not an outcome":
-        path.write_bytes(cloudpickle.dumps({"idx": job.idx}))
+        data = cloudpickle.dumps({"idx": job.idx})
+        path.write_bytes(seal(sweep_key_of(tmp_path), f"record of job {job.idx}", data))
         return "holds a dict, not a job's outcome"
+    if kind == "unsealed":  # an earlier version's, or anybody's who can write there
+        path.write_bytes(cloudpickle.dumps(outcome(job.idx, job.overrides, value=1)))
+        return "carries no seal of this sweep"
+    if kind == "another sweep's":
+        other = tmp_path / "other"
+        write_record(other, outcome(job.idx, job.overrides, value=1), sweep_key_of(other))
+        shutil.copy(record_path(other, job.idx), path)
+        return "does not verify with this sweep's key"
+    if kind == "another job's record":  # job 3's genuine record, as job 0's
+        write_record(tmp_path, outcome(3, ["x=4"], value=1), sweep_key_of(tmp_path))
+        shutil.copy(record_path(tmp_path, 3), path)
+        return (
+            "does not verify with this sweep's key (not written by this sweep's driver as "
+            "its record of job 0"
+        )
     assert kind == "another job's"
-    write_record(tmp_path, outcome(job.idx, ["x=9"], value=9))
+    write_record(tmp_path, outcome(job.idx, ["x=9"], value=9), sweep_key_of(tmp_path))
     return f"a job that succeeded with ['x=9'], but the manifest lists the job with {job.overrides}"
 
 
-@pytest.mark.parametrize("kind", ["module gone", "truncated", "not an outcome", "another job's"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "module gone",
+        "truncated",
+        "not an outcome",
+        "another job's",
+        "unsealed",
+        "another sweep's",
+        "another job's record",
+    ],
+)
 def test_resume_refuses_unreadable_records_naming_them_and_changes_nothing(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -326,8 +363,8 @@ def test_resume_refuses_unreadable_records_naming_them_and_changes_nothing(
     SweepBook(tmp_path, ["x=1,2,3,4"], settings()).plan(jobs)
     why = spoil_record(kind, tmp_path, monkeypatch, jobs[0])
     # A failure (which a rerun would replace), a success, and a second unreadable one.
-    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED))
-    write_record(tmp_path, outcome(2, ["x=3"], value=3))
+    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED), sweep_key_of(tmp_path))
+    write_record(tmp_path, outcome(2, ["x=3"], value=3), sweep_key_of(tmp_path))
     record_path(tmp_path, 3).write_bytes(b"\x80\x05garbage")
     before = files_under(tmp_path / RECORD_DIR)
 
@@ -335,8 +372,8 @@ def test_resume_refuses_unreadable_records_naming_them_and_changes_nothing(
         SweepBook(tmp_path, ["x=1,2,3,4"], settings(resume=True)).plan(jobs)
     message = str(err.value)
     assert message.startswith("hydra.launcher.resume=true refused: 2 job records")
-    assert f"\n  {record_path(tmp_path, 0)}: {why}\n" in message
-    assert f"\n  {record_path(tmp_path, 3)}: UnpicklingError" in message
+    assert f"\n  {record_path(tmp_path, 0)}: {why}" in message
+    assert f"\n  {record_path(tmp_path, 3)}: carries no seal" in message
     assert "job_1.pkl" not in message and "job_2.pkl" not in message
     assert "install that module in this environment" in message
     # Refused before anything changed: no record removed, the manifest as it was.
@@ -378,8 +415,8 @@ def test_resume_refuses_an_unreadable_manifest_and_keeps_every_record(
 ) -> None:
     jobs = jobs_of("x=1", "x=2")
     SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs)
-    write_record(tmp_path, outcome(0, ["x=1"], value=0))
-    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED))
+    write_record(tmp_path, outcome(0, ["x=1"], value=0), sweep_key_of(tmp_path))
+    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED), sweep_key_of(tmp_path))
     manifest = tmp_path / RECORD_DIR / "sweep.json"
     manifest.write_text(text)
     before = files_under(tmp_path / RECORD_DIR)
@@ -428,7 +465,7 @@ def fake_run(sweep_dir: Path, calls: list[tuple[list[int], int]]) -> FakeRun:
                 o = outcome(job.idx, job.overrides, value=Opaque(), node="10.0.0.2")
             else:
                 o = outcome(job.idx, job.overrides, value=job.idx, attempt=2)
-            write_record(sweep_dir, o)
+            write_record(sweep_dir, o, sweep_key_of(sweep_dir))
             outcomes.append(o)
         return outcomes
 
@@ -497,7 +534,9 @@ def test_run_batch_merges_reused_and_new_job_returns(tmp_path: Path) -> None:
 
 def test_interrupted_batch_summarises_what_finished(tmp_path: Path) -> None:
     def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
-        write_record(tmp_path, outcome(jobs[0].idx, jobs[0].overrides, value="done"))
+        write_record(
+            tmp_path, outcome(jobs[0].idx, jobs[0].overrides, value="done"), sweep_key_of(tmp_path)
+        )
         raise KeyboardInterrupt  # Ctrl-C while the others run
 
     book = SweepBook(tmp_path, ["x=1,2,3"], settings())
@@ -559,16 +598,20 @@ def test_sweep_settings_accepts_valid_values() -> None:
     [(0o077, 0o600), (0o027, 0o640), (0o022, 0o644)],
     ids=["umask 077", "umask 027", "umask 022"],
 )
-def test_files_written_get_the_mode_the_umask_gives(umask: int, mode: int, tmp_path: Path) -> None:
+def test_the_summary_gets_the_mode_the_umask_gives_records_and_manifest_0600(
+    umask: int, mode: int, tmp_path: Path
+) -> None:
     old = os.umask(umask)
     try:
         write_manifest(tmp_path, ["x=1"], {0: ["x=1"]})
-        write_record(tmp_path, outcome(0, ["x=1"]))
+        write_record(tmp_path, outcome(0, ["x=1"]), sweep_key_of(tmp_path))
         summary = write_summary(tmp_path, ["x=1"], [outcome(0, ["x=1"])])
     finally:
         os.umask(old)
-    for path in (tmp_path / RECORD_DIR / "sweep.json", record_path(tmp_path, 0), summary):
-        assert oct(path.stat().st_mode & 0o777) == oct(mode), path
+    assert oct(summary.stat().st_mode & 0o777) == oct(mode)
+    # They hold the overrides and configs as run, secrets too.
+    for path in (tmp_path / RECORD_DIR / "sweep.json", record_path(tmp_path, 0)):
+        assert oct(path.stat().st_mode & 0o777) == oct(0o600), path
 
 
 def test_umask_is_known_where_proc_does_not_tell_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -668,7 +711,7 @@ def test_big_table_counts_what_it_leaves_out() -> None:
 
 
 def test_resume_without_a_manifest_refuses_stray_records_and_keeps_them(tmp_path: Path) -> None:
-    write_record(tmp_path, outcome(0, ["y=9"], value="not this job's"))
+    write_record(tmp_path, outcome(0, ["y=9"], value="not this job's"), sweep_key_of(tmp_path))
     before = files_under(tmp_path)
     with pytest.raises(ConfigError) as err:
         SweepBook(tmp_path, ["x=1"], settings(resume=True)).plan(jobs_of("x=1"))
@@ -681,8 +724,12 @@ def test_resume_without_a_manifest_refuses_stray_records_and_keeps_them(tmp_path
 
 def test_interrupted_resume_reports_earlier_failures_as_not_finished(tmp_path: Path) -> None:
     SweepBook(tmp_path, ["x=1,2"], settings()).plan(jobs_of("x=1", "x=2"))
-    write_record(tmp_path, outcome(0, ["x=1"], value=0))
-    write_record(tmp_path, outcome(1, ["x=2"], status=FAILED, error=ValueError("first run")))
+    write_record(tmp_path, outcome(0, ["x=1"], value=0), sweep_key_of(tmp_path))
+    write_record(
+        tmp_path,
+        outcome(1, ["x=2"], status=FAILED, error=ValueError("first run")),
+        sweep_key_of(tmp_path),
+    )
 
     def run(jobs: list[Job], already_done: int) -> list[JobOutcome]:
         raise KeyboardInterrupt  # before job #1 ran again
@@ -784,13 +831,17 @@ def test_records_brought_from_a_cluster_are_rewritten_for_resume_and_summary(
 ) -> None:
     sweep = tmp_path / "multirun" / "s"
     for idx in (0, 1):
-        write_record(sweep, ran_on_a_cluster(idx, f"/tmp/ray/pkg/multirun/s/{idx}"))
-    _records.move_records_home(sweep, [0, 1, 5], "multirun/s", sweep)
+        write_record(
+            sweep, ran_on_a_cluster(idx, f"/tmp/ray/pkg/multirun/s/{idx}"), sweep_key_of(sweep)
+        )
+    _records.move_records_home(sweep, [0, 1, 5], "multirun/s", sweep, sweep_key_of(sweep))
     for idx in (0, 1):
-        record = read_record(sweep, idx)
+        record = read_record(sweep, idx, sweep_key_of(sweep))
         assert record is not None and record.job_return.hydra_cfg is not None
         assert record.job_return.hydra_cfg.hydra.runtime.output_dir == str(sweep / str(idx))
-    write_summary(sweep, [], [r for r in (read_record(sweep, i) for i in (0, 1)) if r])
+    write_summary(
+        sweep, [], [r for r in (read_record(sweep, i, sweep_key_of(sweep)) for i in (0, 1)) if r]
+    )
     assert [j["output_dir"] for j in read_summary(sweep)["jobs"]] == [
         str(sweep / "0"),
         str(sweep / "1"),

@@ -40,6 +40,11 @@ class UnsafeArchive(LauncherError):
     nothing of it was extracted."""
 
 
+class Unauthentic(LauncherError):
+    """A file that came from a cluster or a storage does not verify as its
+    sweep's (core.seal): nothing of it was unpickled or extracted."""
+
+
 class JobError(RuntimeError):
     """A failed job's return value: stands for a job's exception that could not
     travel back from the worker, or for a job that ended without returning (its

@@ -1,8 +1,9 @@
 """What a sweep leaves in its sweep dir, besides the jobs' own outputs:
 
 - `.hydra_ray/job_<N>.pkl`: the outcome of job N (its JobReturn included), written
-  atomically when the launcher's driver receives it; `resume` returns the
-  succeeded ones instead of running them again.
+  atomically when the launcher's driver receives it, sealed with the sweep's
+  key (core.seal: read only if it verifies); `resume` returns the succeeded
+  ones instead of running them again.
 - `.hydra_ray/sweep.json`: the sweep's overrides and every job's, to refuse a
   resume of a different sweep.
 - `sweep_summary.json`: every job's status, duration, attempts, node, error and
@@ -11,7 +12,10 @@
 
 Nothing here deletes a record of a job that succeeded: an earlier sweep's files
 are moved aside, and a record that cannot be read is reported, not dropped.
-Files are created with the mode a plain open() gives under the process's umask.
+The records, the manifest and the notes of detached runs are 0600: they hold
+the jobs' overrides and configs as run, secrets too (`+api_token=...`), and
+only this user's launcher can use them (core.seal). The summary, a file to
+share with secrets hidden, gets the mode a plain open() gives under the umask.
 """
 
 import contextlib
@@ -33,10 +37,11 @@ from typing import Any, TypeGuard
 import cloudpickle
 from omegaconf import open_dict, read_write
 
-from hydra_ray.core.errors import UnreadableRecord
+from hydra_ray.core.errors import Unauthentic, UnreadableRecord
 from hydra_ray.core.held import HeldJobReturn, hold, output_dir
 from hydra_ray.core.jobs import INTERRUPTED, SUCCEEDED, JobOutcome
-from hydra_ray.core.redact import redacted_hydra_config
+from hydra_ray.core.redact import redacted, redacted_hydra_config
+from hydra_ray.core.seal import seal, unseal
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +81,7 @@ def _umask_set_and_restored() -> int:
     return mask
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, *, private: bool = False) -> None:
     """Readers see the old file or the whole new one, never a part: a job killed
     half way is never taken as completed. No fsync (2 ms a job): after an OS crash
     a record may be empty, which reads as missing, and the job runs again."""
@@ -84,8 +89,10 @@ def write_atomically(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
-            # mkstemp makes 0600; the user's umask decides, as for any file they write.
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            # mkstemp makes 0600: kept for a `private` file; else the user's umask
+            # decides, as for any file they write.
+            if not private:
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -98,8 +105,15 @@ def record_path(sweep_dir: Path, idx: int) -> Path:
     return sweep_dir / RECORD_DIR / f"job_{idx}.pkl"
 
 
-def write_record(sweep_dir: Path, outcome: JobOutcome) -> None:
-    write_atomically(record_path(sweep_dir, outcome.idx), cloudpickle.dumps(_for_disk(outcome)))
+def write_record(sweep_dir: Path, outcome: JobOutcome, key: bytes) -> None:
+    """Sealed with the sweep's `key` (see core.seal), for job `outcome.idx` only."""
+    data = cloudpickle.dumps(_for_disk(outcome))
+    sealed = seal(key, _purpose(outcome.idx), data)
+    write_atomically(record_path(sweep_dir, outcome.idx), sealed, private=True)
+
+
+def _purpose(idx: int) -> str:
+    return f"record of job {idx}"
 
 
 def _for_disk(outcome: JobOutcome) -> JobOutcome:
@@ -119,21 +133,22 @@ def _for_disk(outcome: JobOutcome) -> JobOutcome:
     return dataclasses.replace(outcome, job_return=job_return)
 
 
-def read_record(sweep_dir: Path, idx: int) -> JobOutcome | None:
+def read_record(sweep_dir: Path, idx: int, key: bytes) -> JobOutcome | None:
     """Job `idx`'s recorded outcome, or None if it has none or one that cannot be
     read here (logged, and left where it is): for what only needs to know whether
     the job finished. A resume decides with load_record."""
     try:
-        return load_record(sweep_dir, idx)
+        return load_record(sweep_dir, idx, key)
     except UnreadableRecord as exc:
         log.warning(f"Cannot read {exc.path} ({exc.why}): job #{idx} taken as not finished")
         return None
 
 
-def load_record(sweep_dir: Path, idx: int) -> JobOutcome | None:
+def load_record(sweep_dir: Path, idx: int, key: bytes) -> JobOutcome | None:
     """Job `idx`'s recorded outcome, or None if it has none (or an empty one, which
     only an OS crash leaves and which holds nothing to keep). Raises
-    UnreadableRecord if the record exists but cannot be read here."""
+    UnreadableRecord if the record exists but cannot be read here, or is not
+    sealed with the sweep's `key` as job `idx`'s (then nothing of it is unpickled)."""
     path = record_path(sweep_dir, idx)
     try:
         data = path.read_bytes()
@@ -144,6 +159,10 @@ def load_record(sweep_dir: Path, idx: int) -> JobOutcome | None:
     if not data:
         log.warning(f"{path} is empty (written just before an OS crash?): job #{idx} not finished")
         return None
+    try:
+        data = unseal(key, _purpose(idx), data, str(path))
+    except Unauthentic as exc:
+        raise UnreadableRecord(path, str(exc).removeprefix(f"{path} ")) from exc
     try:
         outcome = cloudpickle.loads(data)
     except Exception as exc:  # unpickling runs the classes' own code: it can raise anything
@@ -206,17 +225,19 @@ def _below(path: PurePosixPath, top: PurePosixPath) -> PurePosixPath | None:
     return None
 
 
-def move_records_home(sweep_dir: Path, idxs: Iterable[int], given: str, home: Path) -> None:
+def move_records_home(
+    sweep_dir: Path, idxs: Iterable[int], given: str, home: Path, key: bytes
+) -> None:
     """Rewrite the records of jobs `idxs`, just brought from a cluster into
     `sweep_dir`, with the paths where their files came home (see moved_home): a
     resume hands them to the sweeper, and the summary shows their output dirs."""
     for idx in idxs:
-        outcome = read_record(sweep_dir, idx)
+        outcome = read_record(sweep_dir, idx, key)
         if outcome is None:
             continue
         moved = moved_home(outcome, given, home)
         if moved is not outcome:
-            write_record(sweep_dir, moved)
+            write_record(sweep_dir, moved, key)
 
 
 def job_records(sweep_dir: Path) -> list[Path]:
@@ -270,7 +291,9 @@ def write_manifest(
         "jobs": {str(idx): list(ov) for idx, ov in sorted(jobs.items())},
     }
     write_atomically(
-        sweep_dir / RECORD_DIR / MANIFEST, json.dumps(manifest, indent=1).encode() + b"\n"
+        sweep_dir / RECORD_DIR / MANIFEST,
+        json.dumps(manifest, indent=1).encode() + b"\n",
+        private=True,
     )
 
 
@@ -321,7 +344,8 @@ def _summary_entry(o: JobOutcome) -> dict[str, Any]:
     ran = o.status != INTERRUPTED
     return {
         "idx": o.idx,
-        "overrides": list(ret.overrides or []),
+        # The summary is a file to share: a secret's value (`+api_token=...`) hidden.
+        "overrides": [redacted(o) for o in ret.overrides or []],
         "status": o.status,
         "resumed": o.resumed,
         "attempts": o.attempt,
@@ -399,7 +423,9 @@ def note_detached_run(
     the resume needs (where the run puts its results)."""
     noted = detached_runs(sweep_dir, name)
     noted[run_id] = {**(more or {}), "jobs": jobs, "home": home}
-    write_atomically(sweep_dir / RECORD_DIR / name, json.dumps(noted, indent=1).encode())
+    write_atomically(
+        sweep_dir / RECORD_DIR / name, json.dumps(noted, indent=1).encode(), private=True
+    )
 
 
 def note_detached_run_home(sweep_dir: Path, name: str, run_id: str) -> None:

@@ -17,12 +17,20 @@ HIDDEN = "***"
 # Names of keys whose value is a secret, wherever they sit (`_redis_password`,
 # `auth_token`, `aws_secret_access_key`, an `Authorization` header, ...).
 _SECRET_KEY = re.compile(
-    r"password|passwd|passphrase|token|secret|credential|api_?key|access_?key|"
+    r"password|passwd|passphrase|token|secret|credential|api[-_]?key|access[-_]?key|"
     r"authorization|cookie",
     re.I,
 )
 # Keys whose every value is a secret: the environment given to the jobs.
 _ALL_SECRET = frozenset({"env_vars"})
+# NAME=VALUE in a text (an override, a command's `export WANDB_API_KEY=...`,
+# `--password=...`) whose NAME names a secret: VALUE up to a space or a quote.
+_SECRET_ASSIGNMENT = re.compile(
+    r"(?P<name>[\w.+~-]*(?:password|passwd|token|secret|api[-_]?key|access[-_]?key)"
+    r"[\w.-]*\s*=\s*)(?P<value>[^\s'\"]+)",
+    re.I,
+)
+_PLAIN_VALUE = re.compile(r"[-+]?(\d[\d_]*\.?\d*(e[-+]?\d+)?|true|false|null|none)", re.I)
 # user:password@ in a URL (a pip index, a git remote, an S3 endpoint, ...).
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
 
@@ -34,8 +42,18 @@ def redacted(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [redacted(v) for v in value]
     if isinstance(value, str):
-        return _URL_USERINFO.sub(rf"\g<scheme>{HIDDEN}@", value)
+        value = _URL_USERINFO.sub(rf"\g<scheme>{HIDDEN}@", value)
+        return _SECRET_ASSIGNMENT.sub(_hide_assigned, value)
     return value
+
+
+def _hide_assigned(match: re.Match[str]) -> str:
+    """The value hidden, unless a number or a boolean (`max_tokens=512` is a
+    hyperparameter, not a secret: the job listing must tell jobs apart)."""
+    value = match.group("value")
+    if _PLAIN_VALUE.fullmatch(value):
+        return match.group(0)
+    return f"{match.group('name')}{HIDDEN}"
 
 
 def _redacted_item(key: str, value: Any) -> Any:

@@ -35,28 +35,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import yaml
 
 from hydra_ray.checks.resources import JobResources
 from hydra_ray.checks.validate import ray_init_kwargs
 from hydra_ray.core.digest import file_digest
 from hydra_ray.core.jobs import JobStarted
+from hydra_ray.core.pids import own_pid_line, runs
 from hydra_ray.core.records import RECORD_DIR, read_record, write_atomically
 from hydra_ray.core.redact import redacted
+from hydra_ray.core.seal import pack_seal
 from hydra_ray.driver.protocol import (
     BUNDLE_MARK,
     BUNDLE_OUTPUTS,
     BUNDLE_PLAN,
     BUNDLE_RECORDS,
     GATHER_REPORT,
+    JOB_SPEC,
     LOWEST_CLUSTER_RAY_TEXT,
     PACKAGES,
     PLUGIN_DIR,
     RETURNS,
     STORED,
-    JobSpec,
+    dump_outcomes,
+    load_job_spec,
     older_than_lowest_ray,
+    spec_key,
     stored_sidecar,
 )
 from hydra_ray.engine.gather import DiskReach, JobDirs, LeftOnNode, gather_outputs
@@ -91,19 +95,22 @@ def refuse_an_older_ray() -> None:
         )
 
 
-def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None:
+def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> bytes:
     """`in_ray_job`: submitted through the Jobs API, whose runtime_env (set at
     submission: the code, this plugin, the user's) every task already has; Ray
-    refuses a ray.init() runtime_env that repeats its fields."""
+    refuses a ray.init() runtime_env that repeats its fields. Returns the
+    sweep's key, which sealed the records and the returns (and seals the pack)."""
     import ray
 
     from hydra_ray.engine.run import run_batch_here
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
-    with open(spec_path, "rb") as f:
-        spec: JobSpec = cloudpickle.load(f)
+    spec = load_job_spec(spec_path)
     # Written whole: gather_after_failure may read it meanwhile.
-    write_atomically(Path(_PID_FILE), f"{os.getpid()} {spec.policy.stop_grace_s:g}".encode())
+    own = own_pid_line().split()
+    write_atomically(
+        Path(_PID_FILE), " ".join([own[0], f"{spec.policy.stop_grace_s:g}", *own[1:]]).encode()
+    )
     if not spec.live:  # the user's output is no terminal: no colour codes in it
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     # Jobs resolve relative dirs against the head's working dir, not the
@@ -153,8 +160,10 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> None
         # Complete or not, the report tells the launcher (also after a failure).
         gather=lambda job_dirs: _gather(spec.sweep_dir, job_dirs),
         on_started=started,
+        key=spec.key,
     )
-    write_atomically(Path(returns_path), cloudpickle.dumps(outcomes))
+    write_atomically(Path(returns_path), dump_outcomes(outcomes, spec.key))
+    return spec.key
 
 
 def main_for_jobs_api(spec_path: str, plan_path: str) -> None:
@@ -170,10 +179,10 @@ def main_for_jobs_api(spec_path: str, plan_path: str) -> None:
     try:
         main(spec_path, RETURNS, in_ray_job=True)
     finally:
-        write_bundle(plan)
+        write_bundle(plan, spec_key(spec_path))
 
 
-def write_bundle(plan: dict[str, Any]) -> None:
+def write_bundle(plan: dict[str, Any], key: bytes) -> None:
     """Pack into the head's Ray log dir (which the dashboard serves) and say where."""
     import ray
 
@@ -198,7 +207,7 @@ def write_bundle(plan: dict[str, Any]) -> None:
     storage = plan.get("storage")
     if storage:
         try:
-            _store(storage, final)
+            _store(storage, final, key)
         except Exception as exc:  # pyarrow missing here, credentials, the network
             log.warning(
                 f"The pack could not be put in sync_down.storage={redacted(storage)} ({exc}): "
@@ -206,19 +215,18 @@ def write_bundle(plan: dict[str, Any]) -> None:
             )
         else:
             final.unlink()  # the sweep dir here still holds everything it packed
-            print(
-                BUNDLE_MARK + json.dumps({**where, "storage": storage, "key": final.name}),
-                flush=True,
-            )
+            where["seal"] = pack_seal(key, final.name, where)
+            print(BUNDLE_MARK + json.dumps({**where, "storage": True}), flush=True)
             return
     where.update(
         node_id=ray.get_runtime_context().get_node_id(), file=final.name, pack_path=str(final)
     )
+    where["seal"] = pack_seal(key, final.name, where)
     log.info(f"Packed the results and outputs to bring home: {size / 2**20:.1f} MiB")
     print(BUNDLE_MARK + json.dumps(where), flush=True)
 
 
-def store_bundle(plan: dict[str, Any]) -> None:
+def store_bundle(plan: dict[str, Any], key: bytes) -> None:
     """The cluster launchers' driver, once its jobs ended and their outputs are
     on the head: their results in sync_down.storage, so that they need not wait
     on the head for a launcher that is gone (a resume fetches them there), and
@@ -228,7 +236,7 @@ def store_bundle(plan: dict[str, Any]) -> None:
     try:
         final = _pack(plan, Path.cwd())
         try:
-            where = _store(storage, final)
+            where = _store(storage, final, key)
             with tempfile.TemporaryDirectory(prefix="hydra-ray-stored-") as tmp:
                 sidecar = Path(tmp) / stored_sidecar(final.name)
                 sidecar.write_text(json.dumps(where))
@@ -244,11 +252,12 @@ def store_bundle(plan: dict[str, Any]) -> None:
     write_atomically(Path(STORED), json.dumps(where).encode())
 
 
-def _store(storage: str, pack: Path) -> dict[str, Any]:
-    """Put `pack` in the storage; where it is, its size and sha256 (see STORED)."""
+def _store(storage: str, pack: Path, key: bytes) -> dict[str, Any]:
+    """Put `pack` in the storage; where it is, its size, sha256 and seal (see STORED)."""
     size, sha256 = file_digest(pack)
     stored = put(storage, pack, pack.name)
-    where = {"storage": storage, "key": pack.name, "size": size, "sha256": sha256}
+    where: dict[str, Any] = {"storage": storage, "key": pack.name, "size": size, "sha256": sha256}
+    where["seal"] = pack_seal(key, pack.name, where)
     log.info(f"Put the results ({size / 2**20:.1f} MiB) in {redacted(storage)} as {stored}")
     return where
 
@@ -302,14 +311,14 @@ def gather_after_failure(sweep_dir: str) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][HYDRA] %(message)s")
     pid_file = Path(_PID_FILE)
     if pid_file.is_file():
-        pid, _, grace_s = pid_file.read_text().partition(" ")
+        pid, grace_s, *start = pid_file.read_text().split()
         # Its jobs' grace (Ctrl-C lets them save their work), then its own.
-        _stop(int(pid), float(grace_s or 0) + 15.0)
+        _stop(int(pid), start[0] if start else None, float(grace_s) + 15.0)
     ray.init(address="auto", runtime_env={"py_modules": _staged_packages()})
-    _gather(sweep_dir, _started_job_dirs(Path(sweep_dir).resolve()))
+    _gather(sweep_dir, _started_job_dirs(Path(sweep_dir).resolve(), spec_key(JOB_SPEC)))
 
 
-def _started_job_dirs(sweep_dir: Path) -> JobDirs:
+def _started_job_dirs(sweep_dir: Path, key: bytes) -> JobDirs:
     """The job dirs the driver saw jobs start in, and where each job's recorded
     attempt ran (from the records)."""
     job_dirs = JobDirs()
@@ -321,7 +330,7 @@ def _started_job_dirs(sweep_dir: Path) -> JobDirs:
         except (ValueError, TypeError):  # the last line, cut by the driver's death
             continue
         job_dirs.job_started(event)
-        outcome = read_record(sweep_dir, event.idx)
+        outcome = read_record(sweep_dir, event.idx, key)
         if outcome is not None:
             job_dirs.job_finished(outcome)
     return job_dirs
@@ -398,14 +407,14 @@ def write_gather_report(left: Sequence[LeftOnNode]) -> None:
     write_atomically(Path(GATHER_REPORT), json.dumps(report).encode())
 
 
-def _stop(pid: int, grace_s: float) -> None:
-    """SIGINT (the driver cancels its jobs, as on Ctrl-C), SIGKILL `grace_s` later."""
+def _stop(pid: int, start: str | None, grace_s: float) -> None:
+    """SIGINT (the driver cancels its jobs, as on Ctrl-C), SIGKILL `grace_s` later;
+    only while the process `pid` is the driver that started at `start` (a pid
+    reused since is another's process)."""
     signals = [signal.SIGINT, signal.SIGKILL]
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline + 5:  # a zombie stays "alive": give up then
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not runs(pid, start):
             return
         if signals and (signals[0] == signal.SIGINT or time.monotonic() > deadline):
             log.info(f"Stopping the driver (pid {pid}) with {signals[0].name}")
@@ -429,7 +438,7 @@ if __name__ == "__main__":
     elif sys.argv[1] == "jobs":
         main_for_jobs_api(*sys.argv[2:4])
     else:
-        main(*sys.argv[1:3])
+        sweep_key = main(*sys.argv[1:3])
         # The cluster launchers' plan, when results go to sync_down.storage.
         if Path(BUNDLE_PLAN).is_file():
-            store_bundle(json.loads(Path(BUNDLE_PLAN).read_text()))
+            store_bundle(json.loads(Path(BUNDLE_PLAN).read_text()), sweep_key)

@@ -8,6 +8,7 @@ Both sides import this module; it imports only the data types (no Ray).
 
 import importlib.util
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -21,8 +22,11 @@ import cloudpickle
 from omegaconf import DictConfig
 
 from hydra_ray import FACE
+from hydra_ray.core.errors import Unauthentic
 from hydra_ray.core.jobs import Job, JobOutcome, Policy, SweepState
+from hydra_ray.core.pids import pid_in, still_runs, write_own_pid
 from hydra_ray.core.records import RECORD_DIR
+from hydra_ray.core.seal import seal, unseal
 from hydra_ray.core.untar import extract_within
 
 # The driver, run as `python -m DRIVER_MODULE` in its working dir on the head.
@@ -33,8 +37,8 @@ DRIVER_MODULE = "hydra_ray.driver.head"
 PLUGIN_DIR = "plugin"
 JOB_SPEC = "job_spec.pkl"
 RETURNS = "returns.pkl"
-# The detached driver's output, its exit status, and the pid of the shell that
-# waits for it (see `driver_command`).
+# The detached driver's output, its exit status, and the pid (and start time,
+# see core.pids) of the shell that waits for it (see `driver_command`).
 DRIVER_LOG = "driver.log"
 DRIVER_RC = "driver.rc"
 WRAPPER_PID = "driver_wrapper.pid"
@@ -58,7 +62,8 @@ GATHER_REPORT = "gather_report.json"
 # ({"name": file name in the log dir, "sweep_dir", "include", "exclude", "storage"});
 # in the job's log, the line that says where the pack is (then a JSON object: size,
 # sha256, node_ip, cluster_sweep, and node_id, file, pack_path in the log dir, or
-# storage and key).
+# "storage": true when it went to sync_down.storage; and the pack's seal, see
+# core.seal, over all of these).
 BUNDLE_PLAN = "bundle.json"
 BUNDLE_MARK = "HYDRA_RAY_BUNDLE "
 # In the pack: the returns and the gather report (if written), the records, the
@@ -100,6 +105,36 @@ class JobSpec:
     width: int | None
     # Jobs of the batch taken from an earlier run (resume): for the progress counts.
     already_done: int
+    # The sweep's key (core.seal): the driver seals its records, returns and pack
+    # with it; it goes nowhere else (no job gets it).
+    key: bytes
+
+
+def write_job_spec(path: Path, spec: JobSpec, pickled: bytes) -> None:
+    """JOB_SPEC, 0600 (it holds the sweep's key and the app's config): the key
+    first, as a pickle of bytes that `spec_key` reads alone, then `pickled`
+    (the spec, as dumps_for_cluster makes it). A spec that cannot load on the
+    cluster (a module of the app's it lacks) still gives its key to the pack
+    that reports the failure."""
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.write(pickle.dumps(bytes(spec.key)))
+        f.write(pickled)
+
+
+def spec_key(path: str) -> bytes:
+    """The sweep's key, from the job spec at `path`."""
+    with open(path, "rb") as f:
+        key = pickle.load(f)
+    assert isinstance(key, bytes)
+    return key
+
+
+def load_job_spec(path: str) -> JobSpec:
+    with open(path, "rb") as f:
+        pickle.load(f)  # the key
+        spec = cloudpickle.load(f)
+    assert isinstance(spec, JobSpec)
+    return spec
 
 
 def sweep_dir_on_cluster(sweep_dir: str) -> str:
@@ -139,7 +174,7 @@ def driver_command(remote_tmp: str, code_dir: str | None) -> str:
     exit status to DRIVER_RC, its wrapper's pid to WRAPPER_PID."""
     tmp = shlex.quote(remote_tmp)
     driver = _python(remote_tmp, f"{tmp}/{JOB_SPEC} {tmp}/{RETURNS}", code_dir)
-    wrapped = f"echo $$ > {WRAPPER_PID}; {driver}; echo $? > {DRIVER_RC}"
+    wrapped = f"{write_own_pid(WRAPPER_PID)}; {driver}; echo $? > {DRIVER_RC}"
     return (
         f"cd {tmp} && rm -f {DRIVER_RC} {WRAPPER_PID} && "
         f"setsid nohup sh -c {shlex.quote(wrapped)} > {DRIVER_LOG} 2>&1 < /dev/null &"
@@ -155,7 +190,7 @@ def follow_command(remote_tmp: str, *, from_start: bool) -> str:
     lines = "+1" if from_start else "0"
     return (
         f"cd {tmp} && for _ in $(seq 100); do [ -s {WRAPPER_PID} ] && break; sleep 0.2; done; "
-        f"tail -n {lines} -F --pid=$(cat {WRAPPER_PID}) {DRIVER_LOG} 2>/dev/null; "
+        f"tail -n {lines} -F --pid={pid_in(WRAPPER_PID)} {DRIVER_LOG} 2>/dev/null; "
         f"if [ -s {DRIVER_RC} ]; then exit $(cat {DRIVER_RC}); else exit 137; fi"
     )
 
@@ -168,7 +203,7 @@ def driver_state_command(remote_tmp: str) -> str:
     return (
         f'if [ ! -d {tmp} ]; then echo "{STATE_MARK}gone"; '
         f'elif [ -s {tmp}/{DRIVER_RC} ]; then echo "{STATE_MARK}ended $(cat {tmp}/{DRIVER_RC})"; '
-        f"elif [ -s {tmp}/{WRAPPER_PID} ] && kill -0 $(cat {tmp}/{WRAPPER_PID}) 2>/dev/null; "
+        f"elif [ -s {tmp}/{WRAPPER_PID} ] && {still_runs(f'{tmp}/{WRAPPER_PID}')}; "
         f'then echo "{STATE_MARK}running"; else echo "{STATE_MARK}killed"; fi'
     )
 
@@ -250,9 +285,16 @@ def unpack_bundle(
     return idxs, returns if returns.is_file() else None
 
 
-def load_outcomes(path: str) -> list[JobOutcome]:
-    """The job outcomes the driver wrote to `path` (RETURNS)."""
-    with open(path, "rb") as f:
-        outcomes = cloudpickle.load(f)
-    assert isinstance(outcomes, list)
+def dump_outcomes(outcomes: list[JobOutcome], key: bytes) -> bytes:
+    """RETURNS' content: the outcomes, sealed with the sweep's key."""
+    return seal(key, RETURNS, cloudpickle.dumps(outcomes))
+
+
+def load_outcomes(path: str, key: bytes) -> list[JobOutcome]:
+    """The job outcomes the driver wrote to `path` (RETURNS). Raises
+    Unauthentic, having unpickled nothing, unless sealed with the sweep's key."""
+    data = unseal(key, RETURNS, Path(path).read_bytes(), f"The driver's returns {path}")
+    outcomes = cloudpickle.loads(data)
+    if not isinstance(outcomes, list):
+        raise Unauthentic(f"The driver's returns {path} hold a {type(outcomes).__name__}")
     return outcomes

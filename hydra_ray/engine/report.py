@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from hydra.core.utils import filter_overrides
 
 from hydra_ray.core.jobs import FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, JobOutcome
+from hydra_ray.core.redact import redacted
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -34,7 +35,9 @@ _RECENT_EVENTS = 6
 
 
 def describe(overrides: Sequence[str]) -> str:
-    return " ".join(filter_overrides(overrides))
+    """A job's overrides as every line about it shows them: a secret's value
+    (`+api_token=...`) hidden."""
+    return " ".join(redacted(o) for o in filter_overrides(overrides))
 
 
 def described(resources: dict[str, float]) -> str:

@@ -58,6 +58,7 @@ def run_batch_here(
     live: bool,
     already_done: int,
     gather: Callable[[JobDirs], None],
+    key: bytes,
     width: int | None = None,
     on_started: Callable[[JobStarted], None] | None = None,
 ) -> list[JobOutcome]:
@@ -65,7 +66,7 @@ def run_batch_here(
     launcher and the cluster's head driver do: the progress display, the jobs,
     each job's record written as its result arrives, and then, also after a
     failure or Ctrl-C, `gather(job dirs)`: what the started jobs wrote on other
-    nodes is brought to this one."""
+    nodes is brought to this one. `key`: the sweep's, that seals the records."""
     job_dirs = JobDirs()
 
     def started(event: JobStarted) -> None:
@@ -75,7 +76,7 @@ def run_batch_here(
 
     def finished(outcome: JobOutcome) -> None:
         job_dirs.job_finished(outcome)
-        write_record(sweep_dir, outcome)
+        write_record(sweep_dir, outcome, key)
 
     try:
         with SweepProgress(

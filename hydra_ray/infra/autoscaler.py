@@ -7,6 +7,7 @@ Ray is imported inside functions, where it is needed.
 """
 
 import logging
+import os
 import shlex
 import signal
 import subprocess
@@ -239,7 +240,12 @@ def cluster_session(
     # exceptions, which every `finally` on the way sees (the outputs still come home).
     with _stop_signals(_raise_system_exit):
         config_file.parent.mkdir(parents=True, exist_ok=True)
-        config_file.write_text(yaml.safe_dump(cluster_config, sort_keys=False))
+        # The cluster's config as Ray gets it (provider credentials, setup commands
+        # with tokens): for this user only, as the commands it prints need it whole.
+        fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # one an earlier run left with a wider mode
+        with os.fdopen(fd, "w") as f:
+            f.write(yaml.safe_dump(cluster_config, sort_keys=False))
         try:
             opts = launcher.create_update_cluster
             # Not restarting Ray wins over the user's restart_only (Ray takes one of them).

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -36,6 +37,7 @@ from hydra_ray.core.records import (
     write_record,
 )
 from hydra_ray.core.redact import redacted
+from hydra_ray.core.seal import check_pack_seal
 from hydra_ray.driver.protocol import (
     BUNDLE_PLAN,
     GATHER_REPORT,
@@ -53,6 +55,7 @@ from hydra_ray.driver.protocol import (
     stored_sidecar,
     sweep_dir_on_cluster,
     unpack_bundle,
+    write_job_spec,
 )
 from hydra_ray.engine.worker import dumps_for_cluster
 from hydra_ray.infra.autoscaler import (
@@ -142,9 +145,7 @@ def _run_on_cluster(
     jobs = [job.idx for job in spec.jobs]
     with scratch_dir("hydra-ray-cluster") as local_tmp:
         spec_file = local_tmp / JOB_SPEC
-        # It holds the app's config and state: for this user only.
-        with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-            f.write(dumps_for_cluster(spec))
+        write_job_spec(spec_file, spec, dumps_for_cluster(spec))
         log.info(f"Pickle for jobs: {spec_file}")
         cluster = lifetime.get(sweep_dir / ".hydra" / "ray_cluster.yaml")
         with remote_temp_dir(cluster) as remote_tmp:
@@ -152,7 +153,9 @@ def _run_on_cluster(
             _sync_up(cluster, settings.sync_up, remote_tmp.path, local_tmp)
             warn_if_script_left_out(spec, local_tmp / "code")
             cluster.rsync_up(str(spec_file), f"{remote_tmp.path}/{JOB_SPEC}")
-            stored = _plan_storage(cluster, settings.sync_down, spec.sweep_dir, remote_tmp.path)
+            stored = _plan_storage(
+                cluster, settings.sync_down, spec.sweep_dir, remote_tmp.path, local_tmp
+            )
             # Noted before it starts: a launcher killed right after leaves a driver
             # that a resume must find.
             note_detached_run(sweep_dir, DRIVERS, remote_tmp.path, jobs, more=stored)
@@ -181,18 +184,28 @@ def _run_on_cluster(
             finally:
                 # Whatever finished comes home, also when the driver failed or was stopped.
                 returns = _bring_home_from_head(
-                    cluster, remote_tmp, settings.sync_down, sweep_dir, local_tmp, jobs=jobs
+                    cluster,
+                    remote_tmp,
+                    settings.sync_down,
+                    sweep_dir,
+                    local_tmp,
+                    book.key,
+                    jobs=jobs,
                 )
             note_detached_run_home(sweep_dir, DRIVERS, remote_tmp.path)
-            _remove_stored(stored)
-            return _outcomes_home(returns, settings, sweep_dir, spec.sweep_dir)
+            if stored:
+                _remove_stored(str(settings.sync_down.storage), stored["key"])
+            return _outcomes_home(returns, settings, sweep_dir, spec.sweep_dir, book.key)
 
 
 def _plan_storage(
-    cluster: Cluster, sync: DictConfig, cluster_sweep: str, remote_tmp: str
+    cluster: Cluster, sync: DictConfig, cluster_sweep: str, remote_tmp: str, local_tmp: Path
 ) -> dict[str, str]:
     """With sync_down.storage: the plan that has the driver put its results
-    there (BUNDLE_PLAN, in its working dir); where they will be, to note."""
+    there (BUNDLE_PLAN, in its working dir); where they will be, to note (the
+    storage without its credentials: a resume reads the configured one). The
+    plan goes as a file, 0600, as the job spec does: the storage's URI may hold
+    credentials, which no command line may."""
     if sync.storage is None:
         return {}
     key = f"{cluster.name}-{Path(remote_tmp).name}.tar"
@@ -206,59 +219,88 @@ def _plan_storage(
         "exclude": list(sync.exclude),
         "storage": str(sync.storage),
     }
-    cluster.run(
-        f"cd {shlex.quote(remote_tmp)} && echo {shlex.quote(json.dumps(plan))} > {BUNDLE_PLAN}"
-    )
-    return {"storage": str(sync.storage), "key": key}
+    local = local_tmp / BUNDLE_PLAN
+    with open(os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        json.dump(plan, f)
+    cluster.rsync_up(str(local), f"{remote_tmp}/{BUNDLE_PLAN}")
+    return {"storage": str(redacted(str(sync.storage))), "key": key}
 
 
-def _remove_stored(stored: Mapping[str, Any]) -> None:
+def _remove_stored(storage: str, key: str) -> None:
     """The storage's copy of results that came home (from the head or from it)."""
-    if stored.get("storage"):
-        key = str(stored["key"])
-        remove_quietly(str(stored["storage"]), key, stored_sidecar(key))
+    remove_quietly(storage, key, stored_sidecar(key))
+
+
+# The name of a pack in the storage, as _plan_storage makes it (nothing that
+# leads out of the storage's prefix).
+_PACK_NAME = re.compile(r"[A-Za-z0-9_.-]+\.tar")
 
 
 def _from_storage(
-    noted: Mapping[str, Any], settings: DictConfig, sweep_dir: Path, local_tmp: Path
+    noted: Mapping[str, Any],
+    settings: DictConfig,
+    sweep_dir: Path,
+    local_tmp: Path,
+    sweep_key: bytes,
 ) -> list[JobOutcome] | None:
     """The outcomes of a driver that put its results in sync_down.storage (its
     cluster may be gone), brought home from there; None if they are not there
-    whole (the driver did not end, or could not store them)."""
+    whole (the driver did not end, or could not store them). The storage is
+    the configured one, the pack's name the one noted here at launch; of the
+    file beside the pack only its size, sha256 and seal are read, and the pack
+    is untarred only if its seal verifies with the sweep's key (raises
+    Unauthentic otherwise, leaving the storage as it is)."""
     if not noted.get("storage"):
         return None
-    storage, key = str(noted["storage"]), str(noted["key"])
+    key = str(noted.get("key"))
+    if not _PACK_NAME.fullmatch(key):
+        log.warning(f"{DRIVERS} notes a pack {key!r}, not a name this launcher makes: not fetched")
+        return None
+    if settings.sync_down.storage is None:
+        log.warning(
+            f"The driver of jobs {_nums(noted.get('jobs', []))} put its results in a "
+            "sync_down.storage, and none is configured now: give the sweep's "
+            "hydra.launcher.sync_down.storage to fetch them from there"
+        )
+        return None
+    storage = str(settings.sync_down.storage)
     try:
         if not exists(storage, stored_sidecar(key)):
             return None
         fetch(storage, stored_sidecar(key), local_tmp / "stored.json")
-        where = json.loads((local_tmp / "stored.json").read_text())
+        said = json.loads((local_tmp / "stored.json").read_text())
+        where = {
+            "storage": storage,
+            "key": key,
+            **{k: said.get(k) for k in ("size", "sha256", "seal")},
+        }
         fetch_checked(where, local_tmp / key)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, AttributeError) as exc:
         log.warning(f"Could not fetch the results from {redacted(storage)} as {key}: {exc}")
         return None
+    check_pack_seal(sweep_key, key, where, f"{redacted(storage)} (sync_down.storage)")
     sync = settings.sync_down
     home = _outputs_home(sync, sweep_dir)
     target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
     idxs, returns = unpack_bundle(local_tmp / key, local_tmp / "unpacked", sweep_dir, target)
     given = sweep_dir_on_cluster(str(sweep_dir))
     if home is not None:
-        move_records_home(sweep_dir, idxs, given, home)
+        move_records_home(sweep_dir, idxs, given, home, sweep_key)
     log.info(f"Brought home the results of jobs {_nums(idxs)} from {redacted(storage)}")
-    _remove_stored(noted)
+    _remove_stored(storage, key)
     if returns is not None:
-        return _outcomes_home(returns, settings, sweep_dir, given)
-    found = (read_record(sweep_dir, idx) for idx in idxs)
+        return _outcomes_home(returns, settings, sweep_dir, given, sweep_key)
+    found = (read_record(sweep_dir, idx, sweep_key) for idx in idxs)
     return [o for o in found if o is not None]
 
 
 def _outcomes_home(
-    returns: Path, settings: DictConfig, sweep_dir: Path, given: str
+    returns: Path, settings: DictConfig, sweep_dir: Path, given: str, key: bytes
 ) -> list[JobOutcome]:
     """The driver's outcomes, their output dirs where the outputs are now
     (`given`: the sweep dir as the jobs on the cluster named it)."""
     home = _outputs_home(settings.sync_down, sweep_dir)
-    outcomes = load_outcomes(str(returns))
+    outcomes = load_outcomes(str(returns), key)
     if home is None:
         return outcomes
     return [moved_home(o, given, home) for o in outcomes]
@@ -278,7 +320,7 @@ def _reattach(
         if noted.get("home") or not jobs & wanted:
             continue
         with scratch_dir("hydra-ray-cluster") as local_tmp:
-            stored = _from_storage(noted, settings, book.sweep_dir, local_tmp)
+            stored = _from_storage(noted, settings, book.sweep_dir, local_tmp, book.key)
         if stored is not None:
             note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
             got.update((o.idx, o) for o in stored if o.idx in wanted and o.status != INTERRUPTED)
@@ -319,15 +361,20 @@ def _reattach(
                     settings.sync_down,
                     book.sweep_dir,
                     local_tmp,
+                    book.key,
                     jobs=sorted(jobs),
                 )
             note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
             if returns.is_file():
                 outcomes = _outcomes_home(
-                    returns, settings, book.sweep_dir, sweep_dir_on_cluster(str(book.sweep_dir))
+                    returns,
+                    settings,
+                    book.sweep_dir,
+                    sweep_dir_on_cluster(str(book.sweep_dir)),
+                    book.key,
                 )
             else:
-                found = (read_record(book.sweep_dir, idx) for idx in sorted(jobs))
+                found = (read_record(book.sweep_dir, idx, book.key) for idx in sorted(jobs))
                 outcomes = [o for o in found if o is not None]
         got.update((o.idx, o) for o in outcomes if o.idx in wanted and o.status != INTERRUPTED)
     return got
@@ -454,6 +501,7 @@ def _bring_home_from_head(
     sync: DictConfig,
     sweep_dir: Path,
     local_tmp: Path,
+    key: bytes,
     jobs: Sequence[int] = (),
 ) -> Path:
     """Bring home, in this order, the jobs' records (small; resume decides from
@@ -480,8 +528,8 @@ def _bring_home_from_head(
         pending.remove(records)
         home = _outputs_home(sync, sweep_dir)
         if home is not None:  # the records say where the jobs wrote on the head: now here
-            move_records_home(sweep_dir, jobs, sweep_dir_on_cluster(str(sweep_dir)), home)
-        _mark_outputs_left(sweep_dir, jobs, on_nodes, head_sweep, home)
+            move_records_home(sweep_dir, jobs, sweep_dir_on_cluster(str(sweep_dir)), home, key)
+        _mark_outputs_left(sweep_dir, jobs, on_nodes, head_sweep, home, key)
         if _head_has(cluster, f"{remote_tmp.path}/{RETURNS}"):
             cluster.rsync_down(f"{remote_tmp.path}/{RETURNS}", str(returns))
         log.info(f"Bringing home the outputs: the head's {source} to {target}")
@@ -579,6 +627,7 @@ def _mark_outputs_left(
     on_nodes: list[dict[str, Any]],
     head_sweep: str,
     home: Path | None,
+    key: bytes,
 ) -> None:
     """The records, and so the summary, of the jobs whose outputs stayed on a
     node say where they are (a job that succeeded there is not all home)."""
@@ -589,14 +638,14 @@ def _mark_outputs_left(
             if not rel.startswith(".."):
                 where[rel] = f"on node {entry.get('node')}: {path}"
     for idx in jobs if where else ():
-        outcome = read_record(sweep_dir, idx)
+        outcome = read_record(sweep_dir, idx, key)
         if outcome is None or outcome.job_dir is None:
             continue
         job_dir = outcome.job_dir
         base = str(home) if home is not None and Path(job_dir).is_relative_to(home) else head_sweep
         rel = os.path.relpath(job_dir, base)
         if rel in where:
-            write_record(sweep_dir, dataclasses.replace(outcome, outputs_left=where[rel]))
+            write_record(sweep_dir, dataclasses.replace(outcome, outputs_left=where[rel]), key)
 
 
 def _gather_report(cluster: Cluster, remote_tmp: str) -> dict[str, Any] | None:

@@ -46,6 +46,7 @@ from hydra_ray.core.records import (
     read_record,
 )
 from hydra_ray.core.redact import redacted
+from hydra_ray.core.seal import check_pack_seal
 from hydra_ray.driver.protocol import (
     BUNDLE_MARK,
     BUNDLE_PLAN,
@@ -60,6 +61,7 @@ from hydra_ray.driver.protocol import (
     stage_plugin,
     sweep_dir_on_cluster,
     unpack_bundle,
+    write_job_spec,
 )
 from hydra_ray.engine.worker import dumps_for_cluster
 from hydra_ray.infra.scratch import scratch_dir
@@ -529,7 +531,7 @@ def _home_and_clean(
     tmp: Path,
 ) -> Path | None:
     """Bring the pack home, note it, then remove the cluster's copies."""
-    returns = _bring_pack_home(dashboard, where, settings, book, tmp)
+    returns = _bring_pack_home(dashboard, submission_id, where, settings, book, tmp)
     note_detached_run_home(book.sweep_dir, SUBMISSIONS, submission_id)
     assert where is not None  # _bring_pack_home raised otherwise
     _clean_cluster(client, submission_id, where, settings)
@@ -626,7 +628,7 @@ def _reattach(
             if returns is not None:
                 outcomes = _outcomes_home(returns, settings, book)
             else:  # stopped or failed: what finished has its record
-                found = (read_record(book.sweep_dir, idx) for idx in sorted(jobs))
+                found = (read_record(book.sweep_dir, idx, book.key) for idx in sorted(jobs))
                 outcomes = [o for o in found if o is not None]
         got.update((o.idx, o) for o in outcomes if o.idx in wanted and o.status != INTERRUPTED)
     return got
@@ -699,7 +701,7 @@ def _stage(
     code_dir = "code" if sync.source_dir is not None else None
     spec = build_job_spec(session, book, current, code_dir)
     warn_if_script_left_out(spec, package / "code")
-    (package / JOB_SPEC).write_bytes(dumps_for_cluster(spec))
+    write_job_spec(package / JOB_SPEC, spec, dumps_for_cluster(spec))
     down = settings.sync_down
     plan = {
         "name": f"{submission_id}.tar",
@@ -898,6 +900,7 @@ def _bundle_location(logs: str) -> dict[str, Any] | None:
 
 def _bring_pack_home(
     dashboard: Dashboard,
+    submission_id: str,
     where: Mapping[str, Any] | None,
     settings: DictConfig,
     book: SweepBook,
@@ -906,36 +909,58 @@ def _bring_pack_home(
     """Fetch the pack the driver's line `where` tells of (through the dashboard,
     or from sync_down.storage), check it, unpack the records, the outputs and
     the returns here; the returns' path (None if the driver did not write
-    them). Raises OutputsNotHomeError."""
+    them). Raises OutputsNotHomeError.
+
+    The line comes from the cluster: of it only the node and log file to ask
+    the dashboard for, the size, the sha256 and the seal are read. The pack's
+    name is the one chosen here, the storage the one configured here; the pack
+    is untarred only if its seal verifies with the sweep's key (raises
+    Unauthentic otherwise, having extracted and removed nothing)."""
     if where is None:
         raise OutputsNotHomeError(
             "The Ray job's driver did not say where its results are (it ended before "
             "packing them): the jobs' outputs, if any, are on the cluster only"
         )
+    name = f"{submission_id}.tar"
     local = tmp / "bundle.tar"
-    stored = where.get("storage")
+    storage = settings.sync_down.storage if where.get("storage") else None
     try:
-        if stored:
-            fetch_checked(where, local)
+        if where.get("storage") and storage is None:
+            raise ValueError(
+                "the driver says it put the pack in sync_down.storage, and none is configured "
+                "here: give the sweep's hydra.launcher.sync_down.storage"
+            )
+        if storage is not None:
+            fetch_checked({**where, "storage": str(storage), "key": name}, local)
         else:
-            _download(dashboard, where, local)
-    except (OSError, ValueError) as exc:
+            _download(dashboard, {**where, "file": name}, local)
+    except (OSError, ValueError, KeyError) as exc:
         there = (
-            f"in {redacted(stored)} as {where['key']}"
-            if stored
-            else f"on the cluster's head, in its Ray log dir as {where['file']} "
-            f"(node {where['node_id']})"
+            f"in {redacted(str(storage))} as {name}"
+            if storage is not None
+            else f"in sync_down.storage as {name}"
+            if where.get("storage")
+            else f"on the cluster's head, in its Ray log dir as {name} "
+            f"(node {where.get('node_id')})"
         )
         raise OutputsNotHomeError(
             f"The results did not come home ({exc}): they stay {there}"
         ) from exc
+    source = (
+        f"{redacted(str(storage))} (sync_down.storage)"
+        if storage is not None
+        else f"the dashboard at {dashboard.address}"
+    )
+    check_pack_seal(book.key, name, where, source)
     target_dir = _home_dir(settings, book)
     idxs, returns = unpack_bundle(local, tmp / "unpacked", book.sweep_dir, target_dir)
     # The records say where the jobs wrote on the cluster: now they say here.
-    move_records_home(book.sweep_dir, idxs, sweep_dir_on_cluster(str(book.sweep_dir)), target_dir)
+    move_records_home(
+        book.sweep_dir, idxs, sweep_dir_on_cluster(str(book.sweep_dir)), target_dir, book.key
+    )
     log.info(f"Brought home the outputs ({where['size'] / 2**20:.1f} MiB pack) to {target_dir}")
-    if stored:
-        remove_quietly(where["storage"], where["key"])
+    if storage is not None:
+        remove_quietly(str(storage), name)
     return returns
 
 
@@ -949,7 +974,7 @@ def _outcomes_home(returns: Path, settings: DictConfig, book: SweepBook) -> list
     """The driver's outcomes, with the paths where the jobs' files came home."""
     home = _home_dir(settings, book)
     given = sweep_dir_on_cluster(str(book.sweep_dir))
-    return [moved_home(o, given, home) for o in load_outcomes(str(returns))]
+    return [moved_home(o, given, home) for o in load_outcomes(str(returns), book.key)]
 
 
 def _download(dashboard: Dashboard, where: Mapping[str, Any], local: Path) -> None:

@@ -111,6 +111,7 @@ def _run_here(
             book.sweep_dir, job_dirs, jobs_cwd=str(config.hydra.runtime.cwd)
         ),
         on_started=started,
+        key=book.key,
     )
 
 

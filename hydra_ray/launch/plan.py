@@ -75,15 +75,17 @@ class Plan:
             f"Dry run of the {self.launcher} launcher: nothing was started (no Ray, no "
             "cluster, no upload) and no record written."
         ]
+        # Every line as it is printed, through the one redaction (a setup command's
+        # URL with a password, the dashboard's address with a token, ...).
         for title, lines in self.sections:
             text.append(f"{title}:")
-            text += [f"  {line}" for line in lines]
+            text += [f"  {redacted(line)}" for line in lines]
         if self.notes:
             text.append("Notes:")
-            text += [f"  {note}" for note in self.notes]
+            text += [f"  {redacted(note)}" for note in self.notes]
         log.info("\n".join(text))
         if self.problems:
-            listed = "".join(f"\n  {n}. {p}" for n, p in enumerate(self.problems, 1))
+            listed = "".join(f"\n  {n}. {redacted(p)}" for n, p in enumerate(self.problems, 1))
             count = f"{len(self.problems)} problem" + ("s" if len(self.problems) > 1 else "")
             raise ConfigError(f"Dry run: {count} would stop this sweep:{listed}")
         log.info("Dry run: the plan holds. Run again without hydra.launcher.dry_run to start it.")

@@ -38,6 +38,7 @@ from hydra_ray.core.records import (
     write_manifest,
     write_summary,
 )
+from hydra_ray.core.seal import sweep_key
 from hydra_ray.driver.protocol import JobSpec, sweep_dir_on_cluster
 from hydra_ray.engine.report import describe, summary_table, want_live
 from hydra_ray.engine.script import left_out_warning, sent_from
@@ -120,6 +121,14 @@ class SweepBook:
         self.started_on: dict[int, str] = {}
         self._jobs: dict[int, list[str]] = {}
         self._earlier_jobs: dict[int, list[str]] | None = None
+        # The sweep's key (core.seal), once the first batch opened the sweep dir.
+        self._key: bytes | None = None
+
+    @property
+    def key(self) -> bytes:
+        """What seals this sweep's records, returns and packs (see core.seal)."""
+        assert self._key is not None, "plan() opens the sweep first"
+        return self._key
 
     def plan(self, jobs: Sequence[Job], *, dry: bool = False) -> tuple[list[JobOutcome], list[Job]]:
         """The outcomes taken from an earlier run of the sweep (resume), and the
@@ -128,6 +137,9 @@ class SweepBook:
         read (a dry run): nothing is moved, removed or written."""
         if self._earlier_jobs is None:
             earlier = self._open(dry=dry)
+            self._key = sweep_key(
+                self.sweep_dir / RECORD_DIR, new=not self.settings.resume, write=not dry
+            )
             if dry:
                 return self._planned(jobs, earlier)[:2]
             self._earlier_jobs = earlier
@@ -154,7 +166,7 @@ class SweepBook:
                     f"{job.overrides}"
                 )
             try:
-                record = load_record(self.sweep_dir, job.idx)
+                record = load_record(self.sweep_dir, job.idx, self.key)
             except UnreadableRecord as exc:
                 unusable.append(exc)
                 continue
@@ -312,7 +324,7 @@ def batch(
     except BaseException:
         # What finished has its record (written by the driver that received it).
         for job in to_run:
-            book.outcomes[job.idx] = read_record(book.sweep_dir, job.idx) or _unfinished(
+            book.outcomes[job.idx] = read_record(book.sweep_dir, job.idx, book.key) or _unfinished(
                 job, book.started_on.get(job.idx, "")
             )
         _summarise(book, jobs, interrupted=True)
@@ -420,4 +432,5 @@ def build_job_spec(
         live=book.settings.live,
         width=shutil.get_terminal_size().columns if book.settings.live else None,
         already_done=current.already_done,
+        key=book.key,
     )

@@ -15,6 +15,8 @@ from hydra_ray.core.records import read_record, write_record, write_summary
 from hydra_ray.infra.autoscaler import Cluster, RemoteTmp
 from hydra_ray.launch.cluster import _bring_home_from_head
 
+from ..conftest import sweep_key_of
+
 HEAD_TMP = "/tmp/hydra-ray-abc"
 # The sweep dirs below are absolute (paths of the launching machine): on the head
 # the sweep lives in the launch's temp dir.
@@ -51,7 +53,12 @@ class StandInCluster(Cluster):
 def _bring(cluster: StandInCluster, tmp_path: Path) -> RemoteTmp:
     remote = RemoteTmp(HEAD_TMP)
     _bring_home_from_head(
-        cluster, remote, OmegaConf.structured(RsyncConf), tmp_path / "sweep", tmp_path
+        cluster,
+        remote,
+        OmegaConf.structured(RsyncConf),
+        tmp_path / "sweep",
+        tmp_path,
+        sweep_key_of(tmp_path / "sweep"),
     )
     return remote
 
@@ -78,7 +85,12 @@ def test_outputs_left_on_a_node_keep_the_cluster_with_the_commands_that_gather_t
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError, match=r"still on other nodes.*10\.0\.0\.3 \(1\)"):
         _bring_home_from_head(
-            cluster, remote, OmegaConf.structured(RsyncConf), tmp_path / "sweep", tmp_path
+            cluster,
+            remote,
+            OmegaConf.structured(RsyncConf),
+            tmp_path / "sweep",
+            tmp_path,
+            sweep_key_of(tmp_path / "sweep"),
         )
     # No report (the driver did not finish): `gather` ran, and its report was read.
     assert sum("hydra_ray.driver.head gather" in c for c in cluster.commands) == 1
@@ -102,15 +114,22 @@ def test_the_summary_of_a_job_whose_outputs_stayed_on_a_node_says_where_they_are
         write_record(
             sweep,
             JobOutcome(idx, ret, 0.0, 1.0, "10.0.0.3", job_dir=f"{HEAD_SWEEP}/{idx}"),
+            sweep_key_of(sweep),
         )
     left = {"complete": False, "left": [{"node": "10.0.0.3", "paths": [f"{HEAD_SWEEP}/1"]}]}
     cluster = StandInCluster(tmp_path, [left, left])
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError):
         _bring_home_from_head(
-            cluster, remote, OmegaConf.structured(RsyncConf), sweep, tmp_path, jobs=[0, 1]
+            cluster,
+            remote,
+            OmegaConf.structured(RsyncConf),
+            sweep,
+            tmp_path,
+            sweep_key_of(sweep),
+            jobs=[0, 1],
         )
-    outcomes = [read_record(sweep, idx) for idx in (0, 1)]
+    outcomes = [read_record(sweep, idx, sweep_key_of(sweep)) for idx in (0, 1)]
     summary = json.loads(write_summary(sweep, [], filter(None, outcomes)).read_text())
     assert [j["outputs_left"] for j in summary["jobs"]] == [
         None,
@@ -126,7 +145,9 @@ def test_a_failed_transfer_of_the_outputs_keeps_them_after_the_records_came_home
     cluster = StandInCluster(tmp_path, [{"complete": True, "left": []}], failing=f"{HEAD_SWEEP}/")
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError, match="the outputs did not come home"):
-        _bring_home_from_head(cluster, remote, OmegaConf.structured(RsyncConf), sweep, tmp_path)
+        _bring_home_from_head(
+            cluster, remote, OmegaConf.structured(RsyncConf), sweep, tmp_path, sweep_key_of(sweep)
+        )
     assert cluster.downloads == [f"{HEAD_SWEEP}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl"]
     assert remote.kept and cluster.leftovers is not None
     assert cluster.leftovers.commands == [
