@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hydra_ray.core.pids import start_time
 from hydra_ray.infra.autodown import WATCH_DIR, Autodown
 
 
@@ -45,7 +46,7 @@ class Head:
         while not (self.watch / "pid").is_file():
             assert time.monotonic() < deadline, "the watchdog did not start"
             time.sleep(0.05)
-        return int((self.watch / "pid").read_text())
+        return int((self.watch / "pid").read_text().split()[0])
 
     def wait_down(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -65,7 +66,7 @@ def head(tmp_path: Path) -> Iterator[Head]:
     yield head
     pid = head.watch / "pid"
     if pid.is_file():  # a test that failed before its watchdog ended
-        subprocess.run(["kill", pid.read_text().strip()], check=False)
+        subprocess.run(["kill", pid.read_text().split()[0]], check=False)
 
 
 def _alive(pid: int) -> bool:
@@ -98,7 +99,7 @@ def test_a_running_driver_keeps_the_cluster_and_its_end_starts_the_clock(head: H
     launch.mkdir()
     driver = subprocess.Popen(["sleep", "6"])
     try:
-        (launch / "driver_wrapper.pid").write_text(f"{driver.pid}\n")
+        (launch / "driver_wrapper.pid").write_text(f"{driver.pid} {start_time(driver.pid)}\n")
         head.arm(minutes=4 / 60)
         assert not head.wait_down(timeout=5), "torn down while a driver ran"
         driver.wait()
@@ -110,6 +111,41 @@ def test_a_running_driver_keeps_the_cluster_and_its_end_starts_the_clock(head: H
         assert time.monotonic() - ended >= 2
     finally:
         driver.kill()
+
+
+def test_a_driver_s_pid_reused_by_another_process_keeps_nothing(head: Head) -> None:
+    """The driver ended without its status (killed) and its pid now names
+    another process (here: a live one, started at another time): not a driver
+    that runs, so the cluster is torn down at its deadline all the same."""
+    launch = head.tmp_root / "hydra-ray-abcd1234"
+    launch.mkdir()
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        started = start_time(other.pid)
+        assert started is not None
+        (launch / "driver_wrapper.pid").write_text(f"{other.pid} {int(started) - 100}\n")
+        head.arm(minutes=2 / 60)
+        assert head.wait_down(timeout=20), head.log()
+        assert other.poll() is None  # nothing was done to the process of that pid
+    finally:
+        other.kill()
+
+
+def test_disarming_leaves_a_process_that_reused_the_watchdog_s_pid_alone(head: Head) -> None:
+    autodown = head.arm(minutes=10)
+    pid = head.watchdog_pid()
+    head.run(f"kill {pid}")
+    while _alive(pid):
+        time.sleep(0.05)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        (head.watch / "pid").write_text(f"{other.pid} 1\n")  # as if it had the pid now
+        head.run(autodown.stop_command())
+        time.sleep(0.2)
+        assert other.poll() is None, "disarming killed a process that was not the watchdog"
+        assert not head.watch.exists()
+    finally:
+        other.kill()
 
 
 def test_a_transfer_keeps_the_cluster(head: Head) -> None:

@@ -32,6 +32,7 @@ from hydra.test_utils.launcher_common_tests import (
 from omegaconf import OmegaConf
 
 from hydra_ray.core.records import read_record
+from hydra_ray.infra.scratch import machine_tag
 from hydra_ray.launch.sweep import SweepBook, SweepSettings
 
 from .cluster_harness.moto import MotoServer, moto_server
@@ -371,7 +372,7 @@ def test_a_resume_after_the_launcher_was_lost_follows_the_ray_job_again(
         assert "the sweep goes on on the cluster" in out and "Traceback" not in out
     assert "hydra.launcher.resume=true follows it again" in out, out
     # A kill -9 runs no cleanup: the launcher's scratch dir (its staged package) stays...
-    scratch = f"hydra-ray-jobs-{run.proc.pid}-*"
+    scratch = f"hydra-ray-jobs-{machine_tag()}-{run.proc.pid}-*"
     left = list(Path(tempfile.gettempdir()).glob(scratch))
     assert len(left) == (0 if lost == "port-forward closed" else 1), left
     # The same port again, as when `kubectl port-forward` is started anew.

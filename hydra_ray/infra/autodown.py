@@ -27,6 +27,8 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from hydra_ray.core.pids import pid_in, still_runs, write_own_pid
+
 # On the head, relative to the home dir: one dir per cluster.
 WATCH_DIR = ".hydra_ray/autodown"
 # Ray's cluster launcher writes the cluster's config (with the provider and the
@@ -62,7 +64,7 @@ TMP_ROOT = "/tmp"
 _WATCH = r"""
 root=$1
 # Written whole or not at all: a reader never sees an empty pid.
-echo $$ > pid.new && mv -f pid.new pid
+@WRITE_OWN_PID@
 say() { echo "$(date '+%F %T') $*"; }
 say "watching: the cluster is torn down after $(cat limit) s without a sweep driver or a transfer"
 tries=0
@@ -83,7 +85,7 @@ while sleep "$(cat poll)"; do
   for p in "$root"/hydra-ray-*/driver_wrapper.pid; do
     [ -s "$p" ] || continue
     [ -s "${p%/*}/driver.rc" ] && continue
-    kill -0 "$(cat "$p")" 2>/dev/null && busy=1
+    @DRIVER_RUNS@ && busy=1
   done
   rsync='^(/[[:alnum:]._-]+)*/?rsync'
   [ -z "$busy" ] && grep -qasE "$rsync" /proc/[0-9]*/cmdline && busy=1
@@ -112,6 +114,10 @@ while sleep "$(cat poll)"; do
   if [ "$rc" = 0 ] || [ "$tries" -ge 3 ]; then rm -f pid; exit "$rc"; fi
 done
 """
+# Pid files that a reused pid cannot fool (core.pids).
+_WATCH = _WATCH.replace("@WRITE_OWN_PID@", write_own_pid("pid")).replace(
+    "@DRIVER_RUNS@", still_runs('"$p"')
+)
 
 
 @dataclass(frozen=True)
@@ -169,7 +175,7 @@ class Autodown:
             f"echo {self.poll_s:g} > {_POLL} && "
             f"echo {shlex.quote(self.teardown_command())} > {_DOWN} && "
             f"echo {shlex.quote(RAY_ALIVE)} > {_ALIVE} && touch {_SEEN} && "
-            f"if [ -s {_PID} ] && kill -0 $(cat {_PID}) 2>/dev/null; then :; else {start} fi"
+            f"if [ -s {_PID} ] && {still_runs(_PID)}; then :; else {start} fi"
         )
 
     def seen_command(self) -> str:
@@ -179,7 +185,8 @@ class Autodown:
     def stop_command(self) -> str:
         """Shell command, run on the head, that disarms the watchdog and removes its dir."""
         d = self._dir()
-        return f"if [ -s {d}/{_PID} ]; then kill $(cat {d}/{_PID}) 2>/dev/null; fi; rm -rf {d}"
+        pid = f"{d}/{_PID}"
+        return f"if [ -s {pid} ] && {still_runs(pid)}; then kill {pid_in(pid)}; fi; rm -rf {d}"
 
     def log_path(self) -> str:
         return f"~/{WATCH_DIR}/{self.cluster_name}/{_LOG}"
