@@ -24,6 +24,7 @@ from hydra_ray.checks.validate import (
     check_launch_preconditions,
     cluster_config_for_ray,
     named_cluster,
+    remote_path_problems,
     validate_cluster_config,
 )
 from hydra_ray.core.errors import ConfigError
@@ -741,3 +742,28 @@ def test_ray_aws_without_boto3_says_how_to_install_it(tmp_path: Path) -> None:
     assert res.returncode != 0
     assert 'pip install "hydra-ray-launcher[aws]"' in out
     assert "Tearing down" not in out and "interrupted" not in out
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("hydra.launcher.sync_up.target_dir", "code; touch /tmp/pwned"),
+        ("hydra.launcher.sync_down.source_dir", "out dir"),
+        ("hydra.sweep.dir", "multirun/$(id)"),
+    ],
+)
+def test_a_path_on_the_head_that_a_shell_there_would_read_is_refused(key: str, value: str) -> None:
+    """Ray's rsync and docker runner hand these paths to a shell on the head
+    unquoted: a space, `;` or `$(...)` is refused by its key before anything."""
+    cfg = _aws()
+    sweep_dir = "multirun/2026-12-07/13-20-00"
+    if key == "hydra.sweep.dir":
+        sweep_dir = value
+    else:
+        OmegaConf.update(cfg, key.removeprefix("hydra.launcher."), value)
+    with pytest.raises(ConfigError) as err:
+        check_launch_preconditions(cfg, remote_path_problems(cfg, sweep_dir))
+    assert f"{key}={value!r} goes to a shell on the cluster's head" in str(err.value)
+    # Hydra's default names, and the ones the launcher gives, pass.
+    check_launch_preconditions(_aws(), remote_path_problems(_aws(), "multirun/2026-12-07/13-20-00"))
+    check_launch_preconditions(_aws(), remote_path_problems(_aws(), None))

@@ -434,6 +434,31 @@ def check_launch_preconditions(launcher_cfg: DictConfig, more: Sequence[ConfigEr
     refuse(sweep_problems(launcher_cfg) + cluster_launch_problems(launcher_cfg) + list(more))
 
 
+# A path on the head: Ray's rsync and its docker runner hand it to a shell there
+# unquoted, so only characters no shell reads as more than a name.
+_REMOTE_PATH = re.compile(r"[A-Za-z0-9_./~+=:@,%-]+")
+
+
+def remote_path_problems(launcher_cfg: DictConfig, sweep_dir: str | None) -> list[ConfigError]:
+    """Paths that name places on the cluster's head and would reach a shell
+    there (a space, a quote, `$`, `;`, ...): refused by key, with the fix.
+    `sweep_dir`: hydra.sweep.dir where the head uses it as it is (relative)."""
+    head_paths = {
+        "hydra.launcher.sync_up.target_dir": launcher_cfg.sync_up.target_dir,
+        "hydra.launcher.sync_down.source_dir": launcher_cfg.sync_down.source_dir,
+        "hydra.sweep.dir": sweep_dir,
+    }
+    return [
+        ConfigError(
+            f"{key}={value!r} goes to a shell on the cluster's head as it is (Ray's rsync "
+            "and docker runner do not quote it): use only letters, digits and _ . / ~ + = "
+            ": @ , % - in it"
+        )
+        for key, value in head_paths.items()
+        if value is not None and not _REMOTE_PATH.fullmatch(str(value))
+    ]
+
+
 def cluster_launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
     """What makes a cluster launcher config unworkable before any cluster exists:
     contradicting options, a missing sync_up source, missing rsync/ssh, logging

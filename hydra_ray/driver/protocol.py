@@ -147,6 +147,13 @@ def sweep_dir_on_cluster(sweep_dir: str) -> str:
     return inside
 
 
+def sweep_dir_as_given(sweep_dir: str) -> str | None:
+    """hydra.sweep.dir where the cluster uses it as it is (relative, inside the
+    driver's working dir); None where it has a name of the launcher's own there."""
+    there = sweep_dir_on_cluster(sweep_dir)
+    return there if there != HEAD_SWEEP_DIR else None
+
+
 def stage_plugin(staged: Path, *, display: bool = True) -> None:
     """Copy into `staged` (the PLUGIN_DIR that goes to the cluster) this plugin's
     own source, its Hydra face and its implementation, so that the head's driver

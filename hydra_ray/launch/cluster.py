@@ -22,6 +22,7 @@ from hydra_ray.checks.validate import (
     check_provider_access,
     cluster_config_for_ray,
     named_cluster,
+    remote_path_problems,
     validate_cluster_config,
 )
 from hydra_ray.core.errors import ClusterCommandError, DriverError, OutputsNotHomeError
@@ -53,6 +54,7 @@ from hydra_ray.driver.protocol import (
     load_outcomes,
     stage_plugin,
     stored_sidecar,
+    sweep_dir_as_given,
     sweep_dir_on_cluster,
     unpack_bundle,
     write_job_spec,
@@ -105,7 +107,13 @@ class OnCluster(skeleton.LaunchPath):
         kept as the session's cluster lifetime (no cluster exists yet)."""
         settings: DictConfig = session.config.hydra.launcher
         storage = settings.sync_down.storage
-        check_launch_preconditions(settings, storage_problems(storage))
+        check_launch_preconditions(
+            settings,
+            storage_problems(storage)
+            + remote_path_problems(
+                settings, sweep_dir_as_given(str(session.config.hydra.sweep.dir))
+            ),
+        )
         if storage is not None:
             check_reachable(str(storage))
         cluster_config = named_cluster(

@@ -32,6 +32,7 @@ from hydra_ray.checks.validate import plain_dict, without_nulls
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.jobs import Job
 from hydra_ray.core.redact import redacted
+from hydra_ray.driver.protocol import sweep_dir_as_given
 from hydra_ray.engine.report import describe, described
 from hydra_ray.infra.storage import storage_problems
 from hydra_ray.infra.sync import rsync_command
@@ -514,6 +515,7 @@ def dry_run_cluster(
         cluster_config_for_ray,
         cluster_launch_problems,
         named_cluster,
+        remote_path_problems,
         validate_cluster_config,
     )
 
@@ -521,6 +523,8 @@ def dry_run_cluster(
     settings = config.hydra.launcher
     plan_sweep(plan, hydra_context, config, job_overrides, first)
     plan.problems += [str(p) for p in cluster_launch_problems(settings)]
+    head_sweep = sweep_dir_as_given(str(config.hydra.sweep.dir))
+    plan.problems += [str(p) for p in remote_path_problems(settings, head_sweep)]
     plan.problems += [str(p) for p in storage_problems(settings.sync_down.storage)]
     cluster = plan.check(
         lambda: named_cluster(
