@@ -164,20 +164,26 @@ def test_a_tampered_byte_in_a_genuine_pack_is_refused_before_anything_is_extract
     pack[at] ^= 0x20
     sidecar = json.loads((tmp_path / "head" / "stored.json").read_text())
     sidecar.update(sha256=hashlib.sha256(pack).hexdigest())
-    _put(storage, "c-1.tar", bytes(pack), tmp_path)
-    _put(storage, stored_sidecar("c-1.tar"), json.dumps(sidecar).encode(), tmp_path)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-
     with pytest.raises(Unauthentic, match=r"c-1\.tar from .*does not verify"):
-        _from_storage(
-            {"storage": storage, "key": "c-1.tar"}, _settings(storage), sweep, scratch, book.key
-        )
+        _resume_from(storage, bytes(pack), sidecar, tmp_path, book)
     assert not (sweep / "0").exists()
     assert read_record(sweep, 0, book.key) is None
 
 
-def _crafted_pack(marker: Path, sweep_key_file: Path | None = None) -> bytes:
+def _resume_from(
+    storage: str, pack: bytes, sidecar: dict[str, Any], tmp_path: Path, book: SweepBook
+) -> None:
+    """A resume that finds `pack` and `sidecar` in the storage as the driver
+    noted for it (c-1.tar), as whoever wrote them there left them."""
+    _put(storage, "c-1.tar", pack, tmp_path)
+    _put(storage, stored_sidecar("c-1.tar"), json.dumps(sidecar).encode(), tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    noted = {"storage": storage, "key": "c-1.tar"}
+    _from_storage(noted, _settings(storage), book.sweep_dir, scratch, book.key)
+
+
+def _crafted_pack(marker: Path) -> bytes:
     """A pack as a hostile writer makes one: returns and a record that run code."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -189,6 +195,19 @@ def _crafted_pack(marker: Path, sweep_key_file: Path | None = None) -> bytes:
     return buf.getvalue()
 
 
+def _hostile(tmp_path: Path, name: str) -> tuple[Path, bytes, Path, dict[str, Any]]:
+    """The marker a hostile pickle would create, its crafted pack (also put in
+    a dir `elsewhere`, as `name`), and what a writer without the key says of
+    the pack: its true size and sha256, a seal made up."""
+    marker = tmp_path / "PWNED"
+    pack = _crafted_pack(marker)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / name).write_bytes(pack)
+    said = {"size": len(pack), "sha256": hashlib.sha256(pack).hexdigest(), "seal": "ab" * 32}
+    return marker, pack, elsewhere, said
+
+
 def test_a_hostile_pack_and_sidecar_in_the_storage_run_nothing_here(
     storage: str, tmp_path: Path
 ) -> None:
@@ -196,27 +215,10 @@ def test_a_hostile_pack_and_sidecar_in_the_storage_run_nothing_here(
     the sweep's key; the sidecar also names another storage and key to follow."""
     sweep = tmp_path / "sweep"
     book = _book(sweep)
-    marker = tmp_path / "PWNED"
-    pack = _crafted_pack(marker)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "other.tar").write_bytes(pack)
-    sidecar = {
-        "storage": f"file://{elsewhere}",
-        "key": "other.tar",
-        "size": len(pack),
-        "sha256": hashlib.sha256(pack).hexdigest(),
-        "seal": "00" * 32,
-    }
-    _put(storage, "c-1.tar", pack, tmp_path)
-    _put(storage, stored_sidecar("c-1.tar"), json.dumps(sidecar).encode(), tmp_path)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-
+    marker, pack, elsewhere, said = _hostile(tmp_path, "other.tar")
+    sidecar = {**said, "storage": f"file://{elsewhere}", "key": "other.tar"}
     with pytest.raises(Unauthentic, match=r"does not verify with this sweep's key"):
-        _from_storage(
-            {"storage": storage, "key": "c-1.tar"}, _settings(storage), sweep, scratch, book.key
-        )
+        _resume_from(storage, pack, sidecar, tmp_path, book)
     assert not marker.exists()
     assert not (sweep / RECORD_DIR / "job_0.pkl").exists()
     assert (elsewhere / "other.tar").is_file()  # not followed, not removed
@@ -233,18 +235,8 @@ def test_a_ray_job_s_log_line_names_no_storage_and_no_pack_here(
     submission's in the configured storage is checked by its seal."""
     sweep = tmp_path / "sweep"
     book = _book(sweep)
-    marker = tmp_path / "PWNED"
-    pack = _crafted_pack(marker)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "evil.tar").write_bytes(pack)
-    said = {
-        "size": len(pack),
-        "sha256": hashlib.sha256(pack).hexdigest(),
-        "seal": "ab" * 32,
-        "node_ip": "10.0.0.2",
-        "cluster_sweep": None,
-    }
+    marker, pack, elsewhere, said = _hostile(tmp_path, "evil.tar")
+    said.update(node_ip="10.0.0.2", cluster_sweep=None)
     dashboard = jobs_api.Dashboard("http://127.0.0.1:1", {}, True)
     line = {**said, "storage": f"file://{elsewhere}", "key": "evil.tar"}
     where = jobs_api._bundle_location(f"{BUNDLE_MARK}{json.dumps(line)}\n")

@@ -50,8 +50,8 @@ class StandInCluster(Cluster):
         self.downloads.append(source)
 
 
-def _bring(cluster: StandInCluster, tmp_path: Path) -> RemoteTmp:
-    remote = RemoteTmp(HEAD_TMP)
+def _bring(cluster: StandInCluster, tmp_path: Path, remote: RemoteTmp | None = None) -> RemoteTmp:
+    remote = remote or RemoteTmp(HEAD_TMP)
     _bring_home_from_head(
         cluster,
         remote,
@@ -84,14 +84,7 @@ def test_outputs_left_on_a_node_keep_the_cluster_with_the_commands_that_gather_t
     cluster = StandInCluster(tmp_path, [None, left])
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError, match=r"still on other nodes.*10\.0\.0\.3 \(1\)"):
-        _bring_home_from_head(
-            cluster,
-            remote,
-            OmegaConf.structured(RsyncConf),
-            tmp_path / "sweep",
-            tmp_path,
-            sweep_key_of(tmp_path / "sweep"),
-        )
+        _bring(cluster, tmp_path, remote)
     # No report (the driver did not finish): `gather` ran, and its report was read.
     assert sum("hydra_ray.driver.head gather" in c for c in cluster.commands) == 1
     assert remote.kept and cluster.leftovers is not None
