@@ -2,8 +2,10 @@
 tokens, credentials in URLs) reach Ray and the jobs, never the plugin's logs or
 files."""
 
+import logging
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from hydra_ray.core.redact import HIDDEN, redacted, redacted_hydra_config, redacted_override
@@ -186,3 +188,20 @@ def test_no_secret_in_a_ray_jobs_dry_run(tmp_path: Path) -> None:
     )
     assert "Dry run" in out and "127.0.0.1:9" in out, out
     _no_leak(out)
+
+
+def test_every_log_line_and_error_of_the_plugin_goes_through_the_redaction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Whatever a message quotes (a dashboard's address, a storage's URI, an
+    override), the line logged and the error raised show no secret."""
+    from hydra_ray.core.errors import ConfigError
+    from hydra_ray.launch import jobs_api
+
+    address = f"http://me:{LEAKS['dashboard']}@127.0.0.1:9"
+    with caplog.at_level(logging.INFO, logger="hydra_ray"):
+        jobs_api.log.info("Submitted the sweep to %s; +api_token=%s", address, LEAKS["override"])
+    assert caplog.records and f"http://{HIDDEN}@127.0.0.1:9" in caplog.text, caplog.text
+    error = ConfigError(f"hydra.launcher.address={address} did not answer")
+    assert str(error) == f"hydra.launcher.address=http://{HIDDEN}@127.0.0.1:9 did not answer"
+    _no_leak(caplog.text + str(error))

@@ -11,7 +11,6 @@ them, and hands that config to the job, which then does not compose it again.
 Imports no Ray: Ray's own check of the options is called through `checks.validate`.
 """
 
-import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,13 +21,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hydra_ray.checks.validate import check_remote_options, plain_dict
 from hydra_ray.core.errors import ConfigError, ResourceError
+from hydra_ray.core.redact import redacting_logger
 
 if TYPE_CHECKING:
     from hydra.types import HydraContext
 
     from hydra_ray.core.jobs import Job
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 REMOTE_KEY = "hydra.launcher.ray.remote"
 # Before Ray starts, the launcher resolves the jobs' options for this long at

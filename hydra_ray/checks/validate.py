@@ -20,8 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hydra_ray.core.errors import ConfigError
+from hydra_ray.core.redact import redacting_logger
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 # ray.init() arguments that size a new local Ray; Ray refuses them when it
 # connects to a running cluster, whose own resources apply.

@@ -2,15 +2,23 @@
 from LauncherError: compact, so Hydra prints their message (what happened and
 what to do), not a traceback of the plugin (HYDRA_FULL_ERROR=1 shows it). The
 others are caught inside the launcher and turned into one of those, or into a
-failed job's outcome. Imports nothing of the launcher's."""
+failed job's outcome. Imports nothing of the launcher's but its redaction."""
 
 from pathlib import Path
 
 from hydra.errors import CompactHydraException
 
+from hydra_ray.core.redact import redacted
+
 
 class LauncherError(CompactHydraException):
-    """A sweep that cannot start, or could not finish, for a reason its message names."""
+    """A sweep that cannot start, or could not finish, for a reason its message
+    names; the message goes through the redaction that every log line does
+    (core.redact): a value it quotes (an address, a URI, an override) never
+    shows a secret."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(redacted(message))
 
 
 class ConfigError(LauncherError):

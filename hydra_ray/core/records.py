@@ -25,7 +25,6 @@ import datetime
 import functools
 import itertools
 import json
-import logging
 import math
 import os
 import tempfile
@@ -37,13 +36,13 @@ from typing import Any, TypeGuard
 import cloudpickle
 from omegaconf import open_dict, read_write
 
-from hydra_ray.core.errors import Unauthentic, UnreadableRecord
+from hydra_ray.core.errors import UnreadableRecord
 from hydra_ray.core.held import HeldJobReturn, hold, output_dir
 from hydra_ray.core.jobs import INTERRUPTED, SUCCEEDED, JobOutcome
-from hydra_ray.core.redact import redacted, redacted_hydra_config
+from hydra_ray.core.redact import redacted, redacted_hydra_config, redacting_logger
 from hydra_ray.core.seal import seal, unseal
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 RECORD_DIR = ".hydra_ray"
 SUMMARY_FILE = "sweep_summary.json"
@@ -160,9 +159,9 @@ def load_record(sweep_dir: Path, idx: int, key: bytes) -> JobOutcome | None:
         log.warning(f"{path} is empty (written just before an OS crash?): job #{idx} not finished")
         return None
     try:
-        data = unseal(key, _purpose(idx), data, str(path))
-    except Unauthentic as exc:
-        raise UnreadableRecord(path, str(exc).removeprefix(f"{path} ")) from exc
+        data = unseal(key, _purpose(idx), data)
+    except ValueError as exc:
+        raise UnreadableRecord(path, str(exc)) from exc
     try:
         outcome = cloudpickle.loads(data)
     except Exception as exc:  # unpickling runs the classes' own code: it can raise anything

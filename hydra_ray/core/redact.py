@@ -6,6 +6,7 @@ Pure functions on plain data and configs; nothing heavy is imported.
 """
 
 import copy
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -97,3 +98,24 @@ def redacted_hydra_config(hydra_cfg: DictConfig) -> DictConfig:
             with read_write(out.hydra.overrides), open_dict(out.hydra.overrides):
                 out.hydra.overrides.hydra = hidden_overrides
     return out
+
+
+class _Redacting(logging.Filter):
+    """Every record of the logger it is on, through `redacted` as it is logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        hidden = redacted(message)
+        if hidden != message:
+            record.msg, record.args = hidden, ()
+        return True
+
+
+def redacting_logger(name: str) -> logging.Logger:
+    """The logger `name`, every line it logs redacted: the plugin's modules log
+    through these, so no line of theirs shows a secret, whatever it quotes (a
+    dashboard's address, a command, a storage's URI)."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _Redacting) for f in logger.filters):
+        logger.addFilter(_Redacting())
+    return logger

@@ -22,8 +22,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hydra_ray.core.errors import LauncherError, Unauthentic
-
 # In the sweep's record dir: the sweep's id.
 SWEEP_ID = "sweep_id"
 _MAGIC = b"HRS1"
@@ -51,7 +49,7 @@ def _machine_key() -> bytes:
             with os.fdopen(fd, "wb") as f:
                 f.write(key)
     if len(key) < 32:
-        raise LauncherError(
+        raise ValueError(
             f"{path} holds {len(key)} bytes, not this machine's 32-byte key for sweeps: "
             "remove it (a new one is made; sweeps begun with the old one cannot resume)"
         )
@@ -91,20 +89,20 @@ def seal(key: bytes, purpose: str, data: bytes) -> bytes:
     return _MAGIC + _mac(key, purpose, data) + data
 
 
-def unseal(key: bytes, purpose: str, blob: bytes, source: str) -> bytes:
-    """The data `seal` sealed for `purpose`. Raises Unauthentic, naming `source`,
-    if `blob` was not sealed so with `key`."""
+def unseal(key: bytes, purpose: str, blob: bytes) -> bytes:
+    """The data `seal` sealed for `purpose`. Raises ValueError, saying why, if
+    `blob` was not sealed so with `key` (the caller names the source)."""
     head = len(_MAGIC) + _MAC_BYTES
     if blob[: len(_MAGIC)] != _MAGIC or len(blob) < head:
-        raise Unauthentic(
-            f"{source} carries no seal of this sweep (written by another launcher version, "
-            "or not by this sweep's driver): nothing of it was unpickled"
+        raise ValueError(
+            "carries no seal of this sweep (written by another launcher version, or not by "
+            "this sweep's driver): nothing of it was unpickled"
         )
     data = blob[head:]
     if not hmac.compare_digest(blob[len(_MAGIC) : head], _mac(key, purpose, data)):
-        raise Unauthentic(
-            f"{source} does not verify with this sweep's key (not written by this sweep's "
-            f"driver as its {purpose}, or changed since): nothing of it was unpickled"
+        raise ValueError(
+            "does not verify with this sweep's key (not written by this sweep's driver as "
+            f"its {purpose}, or changed since): nothing of it was unpickled"
         )
     return data
 
@@ -124,14 +122,14 @@ def pack_seal(key: bytes, name: str, said: Mapping[str, Any]) -> str:
     return _mac(key, "pack", text.encode()).hex()
 
 
-def check_pack_seal(key: bytes, name: str, said: Mapping[str, Any], source: str) -> None:
-    """Raises Unauthentic, naming `source`, unless `said["seal"]` seals the pack
-    `name` and the rest of `said` (whose size and sha256 the pack was checked against)."""
+def check_pack_seal(key: bytes, name: str, said: Mapping[str, Any]) -> None:
+    """Raises ValueError unless `said["seal"]` seals the pack `name` and the
+    rest of `said` (whose size and sha256 the pack was checked against)."""
     seal_said = said.get("seal")
     if not isinstance(seal_said, str) or not hmac.compare_digest(
         seal_said, pack_seal(key, name, said)
     ):
-        raise Unauthentic(
-            f"The pack {name} from {source} does not verify with this sweep's key (not "
-            "packed by this sweep's driver, or changed since): nothing of it was extracted"
+        raise ValueError(
+            "does not verify with this sweep's key (not packed by this sweep's driver, or "
+            "changed since): nothing of it was extracted"
         )

@@ -9,7 +9,6 @@ link to a dataset on its node, say) is left out and named; links inside it are
 extracted as the jobs wrote them. No Ray.
 """
 
-import logging
 import os
 import tarfile
 from collections.abc import Callable
@@ -17,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra_ray.core.errors import UnsafeArchive
+from hydra_ray.core.redact import redacting_logger
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 # Our check stands instead of tarfile's filters: members as they are (3.14 would
 # filter them by default; 3.12 and 3.13 warn when no filter is named).

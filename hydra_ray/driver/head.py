@@ -43,7 +43,7 @@ from hydra_ray.core.digest import file_digest
 from hydra_ray.core.jobs import JobStarted
 from hydra_ray.core.pids import own_pid_line, runs
 from hydra_ray.core.records import RECORD_DIR, read_record, write_atomically
-from hydra_ray.core.redact import redacted
+from hydra_ray.core.redact import redacted, redacting_logger
 from hydra_ray.core.seal import pack_seal
 from hydra_ray.driver.protocol import (
     BUNDLE_MARK,
@@ -68,7 +68,7 @@ from hydra_ray.engine.worker import ship_state
 from hydra_ray.infra.storage import put
 from hydra_ray.infra.sync import rsync_command
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 
 # The running driver's pid and its jobs' stop grace in seconds ("PID GRACE"), in

@@ -26,7 +26,7 @@ from hydra_ray.core.errors import Unauthentic
 from hydra_ray.core.jobs import Job, JobOutcome, Policy, SweepState
 from hydra_ray.core.pids import pid_in, still_runs, write_own_pid
 from hydra_ray.core.records import RECORD_DIR
-from hydra_ray.core.seal import seal, unseal
+from hydra_ray.core.seal import check_pack_seal, seal, unseal
 from hydra_ray.core.untar import extract_within
 
 # The driver, run as `python -m DRIVER_MODULE` in its working dir on the head.
@@ -292,6 +292,15 @@ def unpack_bundle(
     return idxs, returns if returns.is_file() else None
 
 
+def verify_pack(key: bytes, name: str, said: Mapping[str, Any], source: str) -> None:
+    """Raises Unauthentic, naming `source`, unless the pack `name` and what
+    `said` says of it carry the sweep's seal (core.seal)."""
+    try:
+        check_pack_seal(key, name, said)
+    except ValueError as exc:
+        raise Unauthentic(f"The pack {name} from {source} {exc}") from exc
+
+
 def dump_outcomes(outcomes: list[JobOutcome], key: bytes) -> bytes:
     """RETURNS' content: the outcomes, sealed with the sweep's key."""
     return seal(key, RETURNS, cloudpickle.dumps(outcomes))
@@ -300,7 +309,10 @@ def dump_outcomes(outcomes: list[JobOutcome], key: bytes) -> bytes:
 def load_outcomes(path: str, key: bytes) -> list[JobOutcome]:
     """The job outcomes the driver wrote to `path` (RETURNS). Raises
     Unauthentic, having unpickled nothing, unless sealed with the sweep's key."""
-    data = unseal(key, RETURNS, Path(path).read_bytes(), f"The driver's returns {path}")
+    try:
+        data = unseal(key, RETURNS, Path(path).read_bytes())
+    except ValueError as exc:
+        raise Unauthentic(f"The driver's returns {path} {exc}") from exc
     outcomes = cloudpickle.loads(data)
     if not isinstance(outcomes, list):
         raise Unauthentic(f"The driver's returns {path} hold a {type(outcomes).__name__}")

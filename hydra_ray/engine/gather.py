@@ -22,7 +22,6 @@ Ray is imported inside functions, where it is needed.
 import contextlib
 import dataclasses
 import hashlib
-import logging
 import os
 import shutil
 import tarfile
@@ -37,9 +36,10 @@ from typing import Any, BinaryIO
 from hydra_ray.core.digest import file_digest
 from hydra_ray.core.errors import PartCorrupted, UnsafeArchive
 from hydra_ray.core.jobs import JobOutcome, JobStarted
+from hydra_ray.core.redact import redacting_logger
 from hydra_ray.core.untar import extract_within
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 # Bytes per fetch task, and fetch tasks in flight per node.
 CHUNK_BYTES = 16 * 1024 * 1024

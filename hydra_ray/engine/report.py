@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 from hydra.core.utils import filter_overrides
 
 from hydra_ray.core.jobs import FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, JobOutcome
-from hydra_ray.core.redact import redacted
+from hydra_ray.core.redact import redacted, redacting_logger
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.live import Live
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 # Most rows the summary table shows; beyond that it shows the jobs that did not
 # succeed, and sweep_summary.json lists them all.

@@ -7,7 +7,6 @@ modules named `_*`).
 """
 
 import collections
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,11 +21,12 @@ from hydra_ray.checks.validate import without_nulls
 from hydra_ray.core.errors import JobError, ResourceError
 from hydra_ray.core.jobs import FAILED, TIMED_OUT, Job, JobOutcome, JobStarted, Policy
 from hydra_ray.core.records import write_record
+from hydra_ray.core.redact import redacting_logger
 from hydra_ray.engine.gather import JobDirs
 from hydra_ray.engine.report import SweepProgress, describe
 from hydra_ray.engine.worker import ShippedState, run_one_job, run_one_job_reporting
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 
 @dataclass

@@ -19,7 +19,6 @@ import ast
 import contextlib
 import importlib.machinery
 import linecache
-import logging
 import os
 import signal
 import sys
@@ -34,8 +33,9 @@ from hydra.types import TaskFunction
 from omegaconf.basecontainer import BaseContainer
 
 from hydra_ray.core.jobs import Script
+from hydra_ray.core.redact import redacting_logger
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 
 def script_of(task_function: TaskFunction) -> Script | None:

@@ -8,7 +8,6 @@ worker process that runs a job: it imports nothing heavy at module level (no Ray
 """
 
 import contextlib
-import logging
 import os
 import sys
 import time
@@ -37,11 +36,12 @@ from hydra_ray.core.jobs import (
     JobStarted,
     SweepState,
 )
+from hydra_ray.core.redact import redacting_logger
 from hydra_ray.core.tracebacks import drop_chain, pack
 from hydra_ray.engine.script import Main, as_main, load, plain_children, script_of
 from hydra_ray.engine.snapshot import portable_context, why_not_portable
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 
 @dataclass(frozen=True)

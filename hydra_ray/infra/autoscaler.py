@@ -6,7 +6,6 @@ and on exit tears it down (or keeps it, when outputs are still on it), and
 Ray is imported inside functions, where it is needed.
 """
 
-import logging
 import os
 import shlex
 import signal
@@ -24,9 +23,10 @@ import yaml
 from omegaconf import DictConfig
 
 from hydra_ray.core.errors import ClusterCommandError
+from hydra_ray.core.redact import redacting_logger
 from hydra_ray.infra.autodown import TMP_ROOT, Autodown
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 # Signals that end the run as Ctrl-C does, minus its "tear down anyway": kill,
 # systemd, a closed terminal or a dropped ssh session.

@@ -11,7 +11,6 @@ Ray is imported inside functions, where it is needed.
 """
 
 import contextlib
-import logging
 import os
 import socket
 import sys
@@ -20,8 +19,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hydra_ray.core.errors import ConfigError
+from hydra_ray.core.redact import redacting_logger
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 _KEY = "hydra.launcher.ray.init.address"
 _PROBE_TIMEOUT_S = 10.0

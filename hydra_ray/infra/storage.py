@@ -4,16 +4,15 @@ the dashboard; for the cluster launchers so that it need not wait on a cluster
 whose launcher is gone. pyarrow.fs does the I/O, as for Ray Train's
 storage_path; it is imported only when a storage is given."""
 
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hydra_ray.core.digest import file_digest
 from hydra_ray.core.errors import ConfigError
-from hydra_ray.core.redact import redacted
+from hydra_ray.core.redact import redacted, redacting_logger
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 KEY = "hydra.launcher.sync_down.storage"
 _CHUNK = 1 << 22

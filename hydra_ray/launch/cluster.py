@@ -4,7 +4,6 @@ bring the job returns and every job's outputs home."""
 
 import dataclasses
 import json
-import logging
 import os
 import re
 import shlex
@@ -37,8 +36,7 @@ from hydra_ray.core.records import (
     read_record,
     write_record,
 )
-from hydra_ray.core.redact import redacted
-from hydra_ray.core.seal import check_pack_seal
+from hydra_ray.core.redact import redacted, redacting_logger
 from hydra_ray.driver.protocol import (
     BUNDLE_PLAN,
     GATHER_REPORT,
@@ -57,6 +55,7 @@ from hydra_ray.driver.protocol import (
     sweep_dir_as_given,
     sweep_dir_on_cluster,
     unpack_bundle,
+    verify_pack,
     write_job_spec,
 )
 from hydra_ray.engine.worker import dumps_for_cluster
@@ -84,7 +83,7 @@ from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec, warn_if_scr
 if TYPE_CHECKING:
     from hydra_ray.launch.sweep import Session
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 _REPORT_MARK = "HYDRA_RAY_GATHER_REPORT="
 _FOUND = "HYDRA_RAY_FOUND"
@@ -286,7 +285,7 @@ def _from_storage(
     except (OSError, ValueError, AttributeError) as exc:
         log.warning(f"Could not fetch the results from {redacted(storage)} as {key}: {exc}")
         return None
-    check_pack_seal(sweep_key, key, where, f"{redacted(storage)} (sync_down.storage)")
+    verify_pack(sweep_key, key, where, f"{redacted(storage)} (sync_down.storage)")
     sync = settings.sync_down
     home = _outputs_home(sync, sweep_dir)
     target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir

@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import ipaddress
 import json
-import logging
 import math
 import os
 import re
@@ -45,8 +44,7 @@ from hydra_ray.core.records import (
     note_detached_run_home,
     read_record,
 )
-from hydra_ray.core.redact import redacted
-from hydra_ray.core.seal import check_pack_seal
+from hydra_ray.core.redact import redacted, redacting_logger
 from hydra_ray.driver.protocol import (
     BUNDLE_MARK,
     BUNDLE_PLAN,
@@ -61,6 +59,7 @@ from hydra_ray.driver.protocol import (
     stage_plugin,
     sweep_dir_on_cluster,
     unpack_bundle,
+    verify_pack,
     write_job_spec,
 )
 from hydra_ray.engine.worker import dumps_for_cluster
@@ -73,7 +72,7 @@ from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec, warn_if_scr
 if TYPE_CHECKING:
     from hydra_ray.launch.sweep import Session
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 # This machine's scratch dirs (see `infra.scratch`): the package, a pack coming home.
 SCRATCH = "hydra-ray-jobs"
@@ -951,7 +950,7 @@ def _bring_pack_home(
         if storage is not None
         else f"the dashboard at {dashboard.address}"
     )
-    check_pack_seal(book.key, name, where, source)
+    verify_pack(book.key, name, where, source)
     target_dir = _home_dir(settings, book)
     idxs, returns = unpack_bundle(local, tmp / "unpacked", book.sweep_dir, target_dir)
     # The records say where the jobs wrote on the cluster: now they say here.

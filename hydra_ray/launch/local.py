@@ -17,7 +17,7 @@ from hydra_ray.checks.resources import for_sweep
 from hydra_ray.checks.validate import plain_dict, ray_init_kwargs, refuse, sweep_problems
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.jobs import JobOutcome, JobStarted
-from hydra_ray.core.redact import redacted
+from hydra_ray.core.redact import redacted, redacting_logger
 from hydra_ray.driver.protocol import PACKAGES, stage_plugin
 from hydra_ray.engine import run as engine
 from hydra_ray.engine.gather import JobDirs, gather_outputs
@@ -31,7 +31,7 @@ from hydra_ray.launch.sweep import Batch, SweepBook
 if TYPE_CHECKING:
     from hydra_ray.launch.sweep import Session
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 # True once this process has started (or connected to) Ray through ray.init()
 # itself, as opposed to finding Ray already initialised by the user's code.

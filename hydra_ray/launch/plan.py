@@ -12,7 +12,6 @@ problem, each naming its key and the fix.
 Ray and boto3 are imported inside functions, where it is needed.
 """
 
-import logging
 import os
 import subprocess
 import tempfile
@@ -31,7 +30,7 @@ from hydra_ray.checks.resources import JobResources, for_sweep, request
 from hydra_ray.checks.validate import plain_dict, without_nulls
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.jobs import Job
-from hydra_ray.core.redact import redacted
+from hydra_ray.core.redact import redacted, redacting_logger
 from hydra_ray.driver.protocol import sweep_dir_as_given
 from hydra_ray.engine.report import describe, described
 from hydra_ray.infra.storage import storage_problems
@@ -40,7 +39,7 @@ from hydra_ray.infra.sync import rsync_command
 if TYPE_CHECKING:
     from hydra_ray.launch.sweep import SweepBook, SweepSettings
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 T = TypeVar("T")
 

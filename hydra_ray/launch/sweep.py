@@ -5,7 +5,6 @@ run is interrupted. Runs on the user's machine for every launcher. Also the
 Session: what a launch path keeps across the sweeper's batches."""
 
 import dataclasses
-import logging
 import shlex
 import shutil
 import sys
@@ -38,6 +37,7 @@ from hydra_ray.core.records import (
     write_manifest,
     write_summary,
 )
+from hydra_ray.core.redact import redacting_logger
 from hydra_ray.core.seal import sweep_key
 from hydra_ray.driver.protocol import JobSpec, sweep_dir_on_cluster
 from hydra_ray.engine.report import describe, summary_table, want_live
@@ -47,7 +47,7 @@ from hydra_ray.engine.worker import ShippedState, capture_sweep_state, composed_
 if TYPE_CHECKING:
     from hydra_ray.infra.autoscaler import ClusterLifetime
 
-log = logging.getLogger(__name__)
+log = redacting_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -137,9 +137,12 @@ class SweepBook:
         read (a dry run): nothing is moved, removed or written."""
         if self._earlier_jobs is None:
             earlier = self._open(dry=dry)
-            self._key = sweep_key(
-                self.sweep_dir / RECORD_DIR, new=not self.settings.resume, write=not dry
-            )
+            try:
+                self._key = sweep_key(
+                    self.sweep_dir / RECORD_DIR, new=not self.settings.resume, write=not dry
+                )
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
             if dry:
                 return self._planned(jobs, earlier)[:2]
             self._earlier_jobs = earlier
