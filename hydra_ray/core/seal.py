@@ -3,13 +3,14 @@ its own sweep's: every record, returns file and pack that a driver writes
 carries an HMAC-SHA256 made with the sweep's key, checked here before anything
 of it is read.
 
-The sweep's key is derived from a secret of this machine's user (`MACHINE_KEY`
-under the XDG state dir, 0600, made on first use) and the sweep's id (a random
-name in the sweep's record dir, made when the sweep starts): a resume derives
-the same key, another sweep another one. The key itself is never written into
-the sweep dir (what a cluster sends home lands there); it reaches a cluster's
-head only inside the 0600 job spec, and no job. A writer of the cluster's disk
-or of a storage can make a file that does not verify, never one that does.
+The sweep's key is derived from a secret of this machine's user
+(`machine_key_path()`, under the XDG state dir, 0600, made on first use) and
+the sweep's id (a random name in the sweep's record dir, made when the sweep
+starts): a resume derives the same key, another sweep another one. The key
+itself is never written into the sweep dir (what a cluster sends home lands
+there); it reaches a cluster's head only inside the 0600 job spec, and no job.
+A writer of the cluster's disk or of a storage can make a file that does not
+verify, never one that does.
 Imports nothing of Ray.
 """
 
@@ -36,18 +37,21 @@ def machine_key_path() -> Path:
 
 def _machine_key() -> bytes:
     path = machine_key_path()
-    try:
-        key = path.read_bytes()
-    except FileNotFoundError:
+    if not path.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Written whole under another name, then linked in: two launchers that
+        # make it at once both read the one that won.
+        tmp = path.with_name(f".key.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another launcher made it meanwhile
-            key = path.read_bytes()
-        else:
-            key = secrets.token_bytes(32)
-            with os.fdopen(fd, "wb") as f:
-                f.write(key)
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    key = path.read_bytes()
     if len(key) < 32:
         raise ValueError(
             f"{path} holds {len(key)} bytes, not this machine's 32-byte key for sweeps: "
@@ -85,7 +89,8 @@ def _mac(key: bytes, purpose: str, data: bytes) -> bytes:
 
 
 def seal(key: bytes, purpose: str, data: bytes) -> bytes:
-    """`data` with its seal for `purpose` (what it is: "record 3", "returns")."""
+    """`data` with its seal for `purpose` (what it is: "record of job 3", the
+    returns file's name): a blob sealed for one purpose does not pass for another."""
     return _MAGIC + _mac(key, purpose, data) + data
 
 
