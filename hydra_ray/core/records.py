@@ -328,7 +328,7 @@ def write_summary(
         counts[job["status"]] = counts.get(job["status"], 0) + 1
     summary = {
         "sweep_dir": str(sweep_dir.resolve()),
-        "task_overrides": list(task_overrides),
+        "task_overrides": [redacted(o) for o in task_overrides],
         "counts": counts,
         "jobs": jobs,
     }

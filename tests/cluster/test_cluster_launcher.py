@@ -8,6 +8,7 @@ import re
 import secrets
 import shutil
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 from omegaconf import OmegaConf
+
+from hydra_ray.core.redact import HIDDEN
 
 from ..cluster_harness.fake_hosts import (
     FakeHosts,
@@ -147,6 +150,75 @@ def test_upload_download_example_brings_every_checkpoint_home(
     _no_leftovers(fake_hosts)
 
 
+# Secrets a user puts in a sweep, which must reach the jobs and Ray (inside
+# the 0600 job spec) and nothing else: no log line, no file but the records
+# and the job spec (0600), no process's command line here or on the hosts.
+SECRETS = {"override": "tok-s3cr3t-7f3a", "env var": "env-s3cr3t-91c2"}
+
+
+class CommandLines:
+    """Every process's command line seen on this machine while in the `with`
+    block: the fake hosts' processes are in PID namespaces below this one's,
+    so /proc here shows them too."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.1):
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    self.seen.add(
+                        cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    )
+                except OSError:
+                    continue
+
+    def __enter__(self) -> "CommandLines":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _no_secret_anywhere(output: str, sweep: Path, argv: CommandLines) -> None:
+    """Not in the output (but Hydra's own line that quotes a failed job's
+    overrides as the user typed them), not in any command line (but the one the
+    user typed), not in the plugin's files that are not 0600."""
+    hydras = "Error executing job with overrides:"
+    found = [
+        line
+        for line in output.splitlines()
+        if any(v in line for v in SECRETS.values()) and hydras not in line
+    ]
+    assert not found, found
+    typed = "app.py --multirun"
+    # Ray's own: it starts each worker with its runtime_env, env_vars and all,
+    # on setup_worker.py's command line (docs/configuration.md says so).
+    rays = "ray/_private/workers/setup_worker.py"
+    found = [
+        line
+        for line in argv.seen
+        if typed not in line
+        and (SECRETS["override"] in line or (SECRETS["env var"] in line and rays not in line))
+    ]
+    assert not found, found
+    # Hydra's own files (.hydra/, multirun.yaml) hold the config as the user wrote it.
+    # The records and the manifest hold the jobs' overrides as run: 0600.
+    private = [*(sweep / ".hydra_ray").glob("job_*.pkl"), sweep / ".hydra_ray" / "sweep.json"]
+    for path in private:
+        assert path.stat().st_mode & 0o077 == 0, path
+    for path in [sweep / "sweep_summary.json", *(sweep / ".hydra_ray").glob("*.json")]:
+        if path not in private:
+            text = path.read_text()
+            assert not any(v in text for v in SECRETS.values()), path
+    assert (sweep / ".hydra" / "ray_cluster.yaml").stat().st_mode & 0o077 == 0
+
+
 def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
     fake_hosts: FakeHosts, tmp_path: Path
 ) -> None:
@@ -155,19 +227,24 @@ def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
     the failure), also when Ray's teardown uses a thread pool, as it does for docker
     (teardown at the multirun's end: the batched sweeper's test). The sweep dir
     leads out of the app's dir (`../sweep`): on the nodes it stays in the launch's
-    temp dir, and the summary names where the jobs' dirs came home."""
+    temp dir, and the summary names where the jobs' dirs came home. A token
+    override and an env var for the jobs appear in no log line, no file but the
+    0600 ones, and no command line here or on the hosts."""
     failing = True
     sweep = tmp_path / "sweep"
-    res = _run_test_app(
-        fake_hosts,
-        tmp_path,
-        _cluster_yaml(fake_hosts, tmp_path, "all", named=False),
-        "x=1,2,3",
-        "seconds=1",
-        f"raise_on={[2] if failing else []}",
-        env=thread_pool_teardown_env(),
-        sweep_dir="../sweep",
-    )
+    with CommandLines() as argv:
+        res = _run_test_app(
+            fake_hosts,
+            tmp_path,
+            _cluster_yaml(fake_hosts, tmp_path, "all", named=False),
+            "x=1,2,3",
+            "seconds=1",
+            f"raise_on={[2] if failing else []}",
+            f"+api_token={SECRETS['override']}",
+            f"+hydra.launcher.ray.init.runtime_env.env_vars.APP_SECRET={SECRETS['env var']}",
+            env=thread_pool_teardown_env(),
+            sweep_dir="../sweep",
+        )
     named = re.search(r"Creating or updating cluster '(hydra-app-[0-9a-f]{8})'", res.stdout)
     assert named, res.stdout
     shutil.rmtree(ssh_control_dir(named.group(1)), ignore_errors=True)
@@ -187,6 +264,10 @@ def test_every_job_output_dir_comes_home_from_a_cluster_named_for_the_multirun(
     assert "cannot schedule new futures" not in res.stdout
     assert "Deleted the cluster" in res.stdout
     _no_leftovers(fake_hosts, Path("/tmp/sweep"))  # not beside the temp dir either
+    # Secrets given to the jobs reached nothing else (the job listing shows the
+    # override hidden).
+    assert f"api_token={HIDDEN}" in res.stdout, res.stdout
+    _no_secret_anywhere(res.stdout, sweep, argv)
 
 
 def test_a_job_whose_own_config_asks_for_a_resource_only_the_worker_has_runs_there(
