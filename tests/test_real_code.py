@@ -153,6 +153,31 @@ def test_two_apps_of_one_file_name_each_see_their_own_script_on_one_warm_ray(
             assert report["checkpoint"] is True and report["spawn"] == [1, 4, 9], report
 
 
+def test_a_thin_script_that_imports_its_task_is_still_the_jobs_main_and_argv0(
+    ray_session: str, tmp_path: Path
+) -> None:
+    """`run.py` only imports the app's @hydra.main function from a package and
+    calls it (as entry scripts and console scripts do): the jobs still see
+    `run.py` as `__main__` and `[run.py, *overrides]` as argv, so Lightning's
+    relaunch runs `run.py` with the job's config."""
+    _app_copy(tmp_path / "proj")
+    (tmp_path / "proj" / "__init__.py").write_text("")
+    entry = tmp_path / "run.py"
+    entry.write_text('from proj.trainer import main\n\nif __name__ == "__main__":\n    main()\n')
+    sweep = tmp_path / "sweep"
+    res = run_python(
+        str(entry),
+        "--multirun",
+        "x=1,2",
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.output
+    reports = ran_as_its_script(sweep, [["x=1"], ["x=2"]], defined_in_script=False)
+    assert {r["argv"][0] for r in reports} == {str(entry)}
+
+
 def _report(job_dir: Path) -> dict[str, Any]:
     report: dict[str, Any] = json.loads((job_dir / "report.json").read_text())
     return report

@@ -60,8 +60,10 @@ class Script:
     # Run as `python -m NAME`: NAME and its package; None for a script run by path.
     module: str | None
     package: str | None
-    # The task function in it: its qualified name and first line.
-    task: tuple[str, int]
+    # The task function in it: its qualified name and first line; None when the
+    # script imports it (a thin entry script, a console script): the jobs then
+    # run it as shipped, the script still their `__main__` and argv[0].
+    task: tuple[str, int] | None
 
 
 @dataclass(frozen=True)

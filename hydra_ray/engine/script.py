@@ -39,13 +39,15 @@ log = redacting_logger(__name__)
 
 
 def script_of(task_function: TaskFunction) -> Script | None:
-    """The script the task function is defined in, read as it is now; None when
-    the task function is not the script's own (`__main__`), or there is no file."""
+    """The script that was run (`__main__`), read as it is now, with where the
+    task function is in it (None if the script imports it from elsewhere); None
+    when there is no script file (`python -c`, a notebook)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    code = getattr(task_function, "__code__", None)
-    if getattr(task_function, "__module__", None) != "__main__" or not path or code is None:
+    if not path:
         return None
+    code = getattr(task_function, "__code__", None)
+    own = getattr(task_function, "__module__", None) == "__main__" and code is not None
     try:
         with tokenize.open(path) as f:  # in the encoding it declares
             source = f.read()
@@ -60,7 +62,7 @@ def script_of(task_function: TaskFunction) -> Script | None:
         cwd_sent_as=None,
         module=spec.name if spec is not None else None,
         package=spec.parent if spec is not None else None,
-        task=(task_function.__qualname__, code.co_firstlineno),
+        task=(task_function.__qualname__, code.co_firstlineno) if own and code else None,
     )
 
 
@@ -145,6 +147,8 @@ def load(script: Script, overrides: Sequence[str]) -> Main:
         return Main(None, path, None, f"its module-level code raised {type(exc).__name__}: {exc}")
     finally:
         BaseContainer._resolvers = {**registered, **BaseContainer._resolvers}
+    if script.task is None:  # the script imports it: it runs as shipped
+        return Main(module, path, None, cwd=cwd)
     task = _task_in(module, script)
     if task is None:
         return Main(None, path, None, f"{script.task[0]} is not in it as launched")
@@ -221,6 +225,7 @@ def _on_this_node(script: Script) -> tuple[str, str | None]:
 def _task_in(module: types.ModuleType, script: Script) -> TaskFunction | None:
     """The task function as the module defines it: by its qualified name, then
     through decorators' `__wrapped__` (hydra.main's) to the one on the same line."""
+    assert script.task is not None
     qualname, line = script.task
     obj: Any = module
     for part in qualname.split("."):
