@@ -5,12 +5,20 @@
 # script would (its __main__, pools, a relaunch). Each Python gets its
 # own venv (./.venv-py3.X) with the plugin (editable) and pytest only; then the
 # same on the main Python with every dependency at its declared lower bound
-# (./.venv-lowest, shared with tests/test_ray_versions.py).
+# (./.venv-lowest, made by scripts/lowest_venv.py, shared with
+# tests/test_ray_versions.py).
 # Interpreters are found as python3.X on PATH or in pyenv; one that is absent is
-# named and skipped. Usage: scripts/smoke.sh [3.10 3.12 ...]
+# named and skipped. Usage: scripts/smoke.sh [--prepare] [3.10 3.12 ...]
+# --prepare: make the venvs only, run nothing (scripts/test.sh does it beside the
+# other tests, which need no network; SMOKE_PREPARED=1 then skips the installs).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+PREPARE=0
+if [ "${1:-}" = --prepare ]; then
+  PREPARE=1
+  shift
+fi
 VERSIONS=("$@")
 [ ${#VERSIONS[@]} -gt 0 ] || VERSIONS=(3.10 3.12 3.13)
 TESTS=(
@@ -46,29 +54,21 @@ for version in "${VERSIONS[@]}"; do
     continue
   fi
   venv=$ROOT/.venv-py$version
-  if [ ! -x "$venv/bin/python" ]; then
-    "$python" -m venv "$venv"
-    "$venv/bin/pip" install -q --upgrade pip
+  if [ "${SMOKE_PREPARED:-0}" != 1 ]; then
+    if [ ! -x "$venv/bin/python" ]; then
+      "$python" -m venv "$venv"
+      "$venv/bin/pip" install -q --upgrade pip
+    fi
+    "$venv/bin/pip" install -q -e "$ROOT" "pytest>=8"
   fi
-  "$venv/bin/pip" install -q -e "$ROOT" "pytest>=8"
+  [ $PREPARE = 0 ] || continue
   "$venv/bin/python" -c 'import sys, ray, hydra; print("Python", sys.version.split()[0], "Ray", ray.__version__, "Hydra", hydra.__version__)'
   "$venv/bin/python" -m pytest -p no:cacheprovider "${TESTS[@]}"
 done
 # The declared lower bounds of ray, hydra-core, cloudpickle and rich (pyproject.toml's
 # ">=" of each), on the main venv's Python: the same smoke run in ./.venv-lowest.
-lowest=$("$ROOT/.venv/bin/python" - "$ROOT/pyproject.toml" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL).group(1)
-for spec in re.findall(r'"([^"]+)"', deps):
-    name, extras, bound = re.match(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([0-9.]+)", spec).groups()
-    print(f"{name}{extras or ''}=={bound}")
-PY
-)
-venv=$ROOT/.venv-lowest
-[ -x "$venv/bin/python" ] || "$ROOT/.venv/bin/python" -m venv "$venv"
-# shellcheck disable=SC2086
-"$venv/bin/pip" install -q -e "$ROOT" $lowest "pytest>=8"
+venv=$("$ROOT/.venv/bin/python" "$ROOT/scripts/lowest_venv.py")
+[ $PREPARE = 0 ] || exit 0
 "$venv/bin/python" -c 'import sys, ray, hydra, cloudpickle, rich; from importlib.metadata import version; print("Lower bounds: Python", sys.version.split()[0], "Ray", ray.__version__, "Hydra", hydra.__version__, "cloudpickle", cloudpickle.__version__, "rich", version("rich"))'
 "$venv/bin/python" -m pytest -p no:cacheprovider "${TESTS[@]}"
 if [ ${#skipped[@]} -gt 0 ]; then

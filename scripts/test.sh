@@ -15,6 +15,21 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 EXTRAS="[test]" source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 cd "$ROOT"
+HYDRA14=$ROOT/.hydra14
+prepare_later_stages() {
+  # The installs the Hydra 1.4 and smoke stages need (the network, no Ray), made
+  # beside the lint and the lanes, not after them.
+  rm -rf "$HYDRA14"
+  "$VENV/bin/pip" install -q --no-deps --target "$HYDRA14" "hydra-core==1.4.0rc3" "omegaconf==2.4.1rc1"
+  bash "$ROOT/scripts/smoke.sh" --prepare
+}
+PREP_PID=
+if [ $# -eq 0 ]; then
+  PREP_LOG=$(mktemp "${TMPDIR:-/tmp}/hydra-ray-prepare.XXXXXX")
+  prepare_later_stages >"$PREP_LOG" 2>&1 &
+  PREP_PID=$!
+  trap 'kill "$PREP_PID" 2>/dev/null; exit 130' INT TERM
+fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/mypy" hydra_plugins hydra_ray tests
 if [ $# -gt 0 ]; then
@@ -43,7 +58,7 @@ lane_done() {
   return $lane_status
 }
 # Ctrl-C: the lane too, its fake hosts taken down by its own fixtures, then stop.
-trap 'kill -INT "$LANE_PID" 2>/dev/null; wait "$LANE_PID"; exit 130' INT TERM
+trap 'kill "$PREP_PID" 2>/dev/null; kill -INT "$LANE_PID" 2>/dev/null; wait "$LANE_PID"; exit 130' INT TERM
 failed=()
 run_stage() {
   # Run a stage (a command); record its name when it fails, and go on.
@@ -61,9 +76,15 @@ run_stage "this-host lane" "$VENV/bin/python" -m pytest --ignore=tests/cluster
 # OmegaConf 2.4: Hydra's conformance suites and the no-warnings test run there too.
 # Those two packages go in a dir of their own, first on PYTHONPATH (the apps the
 # tests start and Ray's workers inherit it), over the same venv: no second venv.
-HYDRA14=$ROOT/.hydra14
-rm -rf "$HYDRA14"
-"$VENV/bin/pip" install -q --no-deps --target "$HYDRA14" "hydra-core==1.4.0rc3" "omegaconf==2.4.1rc1"
+prepared=0
+if wait "$PREP_PID"; then
+  prepared=1
+else
+  failed+=("preparing the Hydra 1.4 and smoke venvs")
+fi
+echo "================ the Hydra 1.4 and smoke venvs, made beside the above ================"
+cat "$PREP_LOG"
+rm -f "$PREP_LOG"
 hydra14() {
   PYTHONPATH="$HYDRA14${PYTHONPATH:+:$PYTHONPATH}" "$@"
 }
@@ -80,6 +101,7 @@ rm -rf "$HYDRA14"
 # The other Pythons that pyproject.toml declares: a smoke run on each (the example
 # on a local Ray, a failing job, a resume, a ray_jobs round trip), in a venv of
 # its own with the plugin and pytest only.
+export SMOKE_PREPARED=$prepared
 run_stage "smoke" bash "$ROOT/scripts/smoke.sh"
 run_stage "fake-hosts lane" lane_done
 trap - INT TERM

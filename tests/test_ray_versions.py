@@ -5,13 +5,13 @@ that pyproject.toml declares, swept with `ray_jobs` from this venv (the newest
 Ray): every job's outputs and return value come home."""
 
 import http.server
+import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
-import venv
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -26,16 +26,22 @@ REPO = Path(__file__).parent.parent
 FRESH_SHELL = ("RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
+def _lowest_venv_script() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "lowest_venv", REPO / "scripts" / "lowest_venv.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LOWEST_VENV = _lowest_venv_script()
+
+
 def lower_bounds() -> dict[str, str]:
     """The `>=` bound of each dependency in pyproject.toml, by distribution name."""
-    text = (REPO / "pyproject.toml").read_text()
-    listed = re.search(r"^dependencies = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL)
-    assert listed, "no dependencies list in pyproject.toml"
-    bounds = {}
-    for spec in re.findall(r'"([^"]+)"', listed.group(1)):
-        found = re.match(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([0-9.]+)", spec)
-        assert found, f"no lower bound in {spec!r}"
-        bounds[found.group(1)] = found.group(3)
+    bounds: dict[str, str] = LOWEST_VENV.lower_bounds()
     return bounds
 
 
@@ -43,20 +49,15 @@ def lower_bounds() -> dict[str, str]:
 def lowest_ray_venv() -> Path:
     """A venv with this plugin (editable) and its dependencies at their declared
     lower bounds: the cluster's side (Ray, and what the driver needs) and the
-    launcher's. Kept in the checkout (.venv-lowest, which scripts/smoke.sh
-    runs the smoke tests in) for the next run, if made for the same bounds."""
-    wanted = [f"{name}=={bound}" for name, bound in lower_bounds().items()]
-    wanted = [
-        f"ray[default]=={lower_bounds()['ray']}" if w.startswith("ray==") else w for w in wanted
-    ]
-    root = REPO / ".venv-lowest"
-    stamp = root / "hydra-ray-bounds.json"
-    if not (stamp.is_file() and json.loads(stamp.read_text()) == wanted):
-        venv.create(root, with_pip=True, clear=True)
-        pip = [str(root / "bin" / "python"), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, "-e", str(REPO), *wanted], check=True)
-        stamp.write_text(json.dumps(wanted))
-    return root
+    launcher's: ./.venv-lowest, as scripts/lowest_venv.py makes it (which
+    scripts/test.sh may be doing beside the tests already: this waits for it)."""
+    made = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "lowest_venv.py")],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    return Path(made.stdout.strip())
 
 
 @pytest.fixture(scope="module")
