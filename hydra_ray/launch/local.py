@@ -292,7 +292,3 @@ def stop_ray() -> None:
         log.warning("Shutting down Ray")
         ray.shutdown()
         _ray_initialised_here = False
-
-
-# This machine's scratch dir of the plugin staged for Ray Client.
-_SCRATCH = "hydra-ray-client"

@@ -62,42 +62,43 @@ def running_cluster(
 
 
 def _wait_until_ready(hosts: FakeHosts, address: str, env: dict[str, str]) -> None:
-    """Until Ray Client answers and both nodes are in: right after `ray up`, the
-    client server may fail a first connection (seen once under load: its
-    per-client server died at start, "psutil.ZombieProcess")."""
-    probe = (
-        "import ray, sys; ray.init(sys.argv[1]); "
-        "print('ALIVE', sum(n['Alive'] for n in ray.nodes())); ray.shutdown()"
+    """Until Ray Client answers and both nodes are in."""
+    _probe_until(
+        hosts,
+        address,
+        env,
+        "print('READY' if sum(n['Alive'] for n in ray.nodes()) == 2 else 'NOT YET')",
+        deadline_s=180,
     )
-    deadline = time.monotonic() + 180
-    while True:
-        res = hosts.run_in_netns(
-            [sys.executable, "-c", probe, f"ray://{address}"], env=env, timeout=120
-        )
-        if res.returncode == 0 and "ALIVE 2" in res.stdout:
-            return
-        assert time.monotonic() < deadline, res.stdout
-        time.sleep(2)
 
 
 def _wait_until_idle(hosts: FakeHosts, address: str, tmp_path: Path) -> None:
     """Until every CPU of the cluster is free again (a test's detached actor
     may hold one for a while after its sweep), so that the next test's jobs
     can go to both nodes."""
-    probe = (
-        "import ray, sys, time\n"
-        "ray.init(sys.argv[1])\n"
-        "deadline = time.monotonic() + 60\n"
-        "while ray.available_resources().get('CPU', 0) < ray.cluster_resources()['CPU']:\n"
-        "    assert time.monotonic() < deadline, ray.available_resources()\n"
-        "    time.sleep(0.5)\n"
-        "ray.shutdown()\n"
-    )
+    free = "ray.available_resources().get('CPU', 0) >= ray.cluster_resources()['CPU']"
     env = {**launcher_env(tmp_path), "RAY_AUTH_MODE": "disabled"}
-    res = hosts.run_in_netns(
-        [sys.executable, "-c", probe, f"ray://{address}"], env=env, timeout=120
-    )
-    assert res.returncode == 0, res.stdout
+    _probe_until(hosts, address, env, f"print('READY' if {free} else 'NOT YET')", deadline_s=120)
+
+
+def _probe_until(
+    hosts: FakeHosts, address: str, env: dict[str, str], check: str, *, deadline_s: float
+) -> None:
+    """Run `check` (Python that prints READY when it holds) through Ray Client
+    until it prints READY. A probe that fails to connect is tried again: Ray
+    Client's proxier may fail to start a per-client server on a loaded machine
+    ("Starting Ray client server failed", "psutil.ZombieProcess"), which says
+    nothing of the cluster under test."""
+    probe = f"import ray, sys\nray.init(sys.argv[1])\n{check}\nray.shutdown()\n"
+    deadline = time.monotonic() + deadline_s
+    while True:
+        res = hosts.run_in_netns(
+            [sys.executable, "-c", probe, f"ray://{address}"], env=env, timeout=120
+        )
+        if res.returncode == 0 and "READY" in res.stdout.split():
+            return
+        assert time.monotonic() < deadline, res.stdout
+        time.sleep(2)
 
 
 def _sweep(
