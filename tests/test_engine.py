@@ -258,31 +258,3 @@ def test_another_plugins_classes_travel_by_value_to_a_python_without_it(tmp_path
     )
     assert there.returncode == 0, there.stderr.decode()
     assert there.stdout.decode().strip() == "{'n_trials': 3}"
-
-
-@pytest.mark.parametrize(
-    ("ended_on", "reruns"),
-    [
-        (("node-a", 4242), 0),
-        # Ray ran it again after its first process died: another pid, or the
-        # same pid on another node (each node counts its own).
-        (("node-a", 4343), 1),
-        (("node-b", 4242), 1),
-    ],
-)
-def test_a_job_that_ends_in_another_process_than_it_started_in_counts_a_ray_rerun(
-    ray_session: str, ended_on: tuple[str, int], reruns: int
-) -> None:
-    import ray
-    from hydra.core.utils import JobReturn
-
-    from hydra_ray.core.jobs import Job, JobOutcome
-    from hydra_ray.engine.run import _Attempt, _next_item
-
-    attempt = _Attempt(Job(idx=0, overrides=["x=1"]), 1, None, {})
-    attempt.node_id, attempt.pid = "node-a", 4242
-    node_id, pid = ended_on
-    ended = JobOutcome(0, JobReturn(), 0.0, 1.0, "10.0.0.1", pid=pid, node_id=node_id)
-    item = _next_item(ray.put(ended), attempt)
-    assert isinstance(item, JobOutcome)
-    assert item.ray_reruns == reruns
