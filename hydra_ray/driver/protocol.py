@@ -3,7 +3,8 @@ cluster's head (`hydra_ray.driver.head`) share. The job spec the launcher
 builds and sends, the plugin staged beside it, the files of the driver's
 working dir, the commands that run the driver, and the pack of the Jobs API.
 
-Both sides import this module; it imports only the data types (no Ray).
+Both sides import this module; it imports the data types and the seals of
+`core`, no Ray.
 """
 
 import importlib.util

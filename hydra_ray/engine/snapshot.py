@@ -4,8 +4,7 @@ run on machines without the app's config files.
 The sweep state then carries every config of every source once, and each job
 composes its own config where it runs, in parallel, as on one machine: no
 config is composed per job here, and what crosses to the cluster does not grow
-with the number of jobs. Nothing heavy is imported: Hydra's plugin discovery
-imports the launchers, and they import this.
+with the number of jobs. No Ray here.
 """
 
 import copy
