@@ -40,6 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # The machine's key for sweeps (core.seal), the tests' own, shared with the
     # apps they start: never the user's ~/.local/state.
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="hydra-ray-tests-state-")
+    # Ray's usage stats off, here and in every app and Ray the tests start (the
+    # fake hosts' sshds set it for theirs: tests/cluster_harness).
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 
 def sweep_key_of(sweep_dir: Path) -> bytes:
@@ -106,7 +109,7 @@ def run_python(
     timeout: float = 180,
 ) -> AppRun:
     """Run `python <args>` as `run_app` does (`-m pkg.app --multirun ...`, say)."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    env = {**os.environ, **(env or {})}
     env = {k: v for k, v in env.items() if k not in unset}
     res = subprocess.run(
         [sys.executable, *args],
@@ -128,22 +131,27 @@ def run_app_in_pty(
     return run_in_pty(
         [sys.executable, str(APPS / app), "--multirun", *overrides],
         cwd=cwd,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
         columns=columns,
         timeout=timeout,
     )
 
 
 def run_in_pty(
-    cmd: list[str], *, cwd: Path, env: dict[str, str], columns: int = 120, timeout: float = 180
+    cmd: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    columns: int = 120,
+    timeout: float = 180,
 ) -> AppRun:
-    """Run `cmd` with a pseudo-terminal `columns` wide as its stdin, stdout and stderr."""
+    """Run `cmd` with a pseudo-terminal `columns` wide as its stdin, stdout and
+    stderr (in this process's environment, unless `env`)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
-        env={**env, "TERM": "xterm-256color"},
+        env={**(os.environ if env is None else env), "TERM": "xterm-256color"},
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -227,7 +235,7 @@ def ray_head(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env={**env, "RAY_USAGE_STATS_ENABLED": "0"},
+        env=env,
     )
     try:
         deadline = time.monotonic() + 60

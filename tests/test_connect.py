@@ -129,7 +129,6 @@ def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
     )
     try:
         assert proc.stdout is not None

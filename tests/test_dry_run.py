@@ -27,7 +27,7 @@ def _dry_run(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> A
     proc = subprocess.Popen(
         [sys.executable, str(APPS / "app.py"), "--multirun", *overrides],
         cwd=cwd,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -4,7 +4,6 @@ and resuming an interrupted sweep. Real Hydra apps as subprocesses, on the test
 session's real Ray."""
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -220,7 +219,6 @@ def test_an_interrupted_sweep_resumes_without_running_finished_jobs_again(
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=tmp_path,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -373,7 +371,6 @@ def test_the_summary_gets_the_mode_of_the_users_umask_records_are_0600(
         res = subprocess.run(
             [sys.executable, str(APPS / "app.py"), "--multirun", "x=1", *overrides],
             cwd=tmp_path,
-            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
             umask=umask,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -397,7 +394,6 @@ def test_long_sweep_example_jobs_continue_from_their_checkpoint_on_retry(
     res = subprocess.run(
         cmd,
         cwd=tmp_path,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
         capture_output=True,
         text=True,
         timeout=180,

@@ -271,7 +271,7 @@ class Launching:
                 "hydra.sweep.dir=sweep",
             ],
             cwd=cwd,
-            env={**env, **USER_ENV, "RAY_USAGE_STATS_ENABLED": "0"},
+            env={**env, **USER_ENV},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -774,7 +774,7 @@ def test_the_example_sends_its_code_and_gets_each_job_s_return_value_and_files(
         return subprocess.run(
             [sys.executable, "train.py", "--multirun", "lr=0.1,0.01", *overrides],
             cwd=app,
-            env={**env, **USER_ENV, "RAY_USAGE_STATS_ENABLED": "0"},
+            env={**env, **USER_ENV},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

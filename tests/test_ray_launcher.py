@@ -19,7 +19,7 @@ from .conftest import APPS, SMALL_RAY, processes_in_session, ray_head, run_app
 
 REPO = Path(__file__).parent.parent
 # Ray 2.60 token authentication, off for a cluster and the apps that join it.
-NO_TOKEN = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+NO_TOKEN = {"RAY_AUTH_MODE": "disabled"}
 
 
 def _records(out: Path) -> dict[int, dict[str, Any]]:
@@ -161,7 +161,6 @@ def test_ctrl_c_cancels_jobs_and_stops_ray(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
     )
     try:
         deadline = time.monotonic() + 120

@@ -236,7 +236,7 @@ def test_a_launcher_on_the_lowest_declared_versions_sweeps_a_cluster_on_the_newe
             "hydra.sweep.dir=sweep",
         ],
         cwd=tmp_path,
-        env={**env, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"},
+        env={**env, "RAY_AUTH_MODE": "disabled"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

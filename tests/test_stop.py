@@ -95,7 +95,6 @@ def _interrupted(ray_session: str, tmp_path: Path, *overrides: str, presses: int
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
     )
     try:
         deadline = time.monotonic() + 120
