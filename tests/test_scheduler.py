@@ -80,7 +80,7 @@ class FakeBackend:
 
     def _ready_at(self, handle: Hashable) -> float:
         run = self.runs[int(str(handle))]
-        return run.submitted if not run.start_sent else run.ends_at()
+        return run.submitted if not (run.start_sent or self.polls) else run.ends_at()
 
     def wait(self, handles: Sequence[Hashable], timeout: float | None) -> list[Hashable]:
         if self.interrupt_at is not None and self.clock.now >= self.interrupt_at:
@@ -99,9 +99,9 @@ class FakeBackend:
     def next_item(self, handle: Hashable) -> JobStarted | JobOutcome:
         run = self.runs[int(str(handle))]
         job = run.attempt.job
-        if not run.start_sent:
+        if not run.start_sent and not self.polls:
             run.start_sent = True
-            return JobStarted(job.idx, run.attempt.number, "10.0.0.1", run.pid, "node-a", "/d")
+            return self._start_of(run)
         run.outcome_read = True
         if run.plan.lost is not None:
             raise Lost(run.plan.lost)
@@ -138,7 +138,18 @@ class FakeBackend:
             run.stop_asked = self.clock.now
 
     def started_events(self) -> list[JobStarted]:
-        return []
+        """(As Ray Client's start board: the starts of the attempts running.)"""
+        if not self.polls:
+            return []
+        starting = [r for r in self.runs.values() if not r.start_sent]
+        for run in starting:
+            run.start_sent = True
+        return [self._start_of(run) for run in starting]
+
+    @staticmethod
+    def _start_of(run: Run) -> JobStarted:
+        attempt = run.attempt
+        return JobStarted(attempt.job.idx, attempt.number, "10.0.0.1", run.pid, "node-a", "/d")
 
 
 def _jobs(n: int) -> list[Job]:
@@ -327,3 +338,17 @@ def test_an_error_that_ends_the_run_cancels_every_running_job_by_force_at_once()
     with pytest.raises(ConnectionError):
         _run(backend, _jobs(2), Policy(job_timeout_s=50.0, stop_grace_s=5.0))
     assert sorted(backend.cancels) == [(0, 1, True), (1, 1, True)]
+
+
+def test_with_start_events_polled_as_under_ray_client_timeouts_and_outcomes_are_the_same() -> None:
+    plans = {1: Plan(runs_s=100.0, saves_s=None), 2: Plan(runs_s=0.2)}
+    backend = FakeBackend(FakeClock(), plan=lambda idx, n: plans.get(idx, Plan()), polls=True)
+    policy = Policy(job_timeout_s=10.0, stop_grace_s=2.0)
+    outcomes = _run(backend, _jobs(3), policy)
+    assert [o.status for o in outcomes] == [SUCCEEDED, TIMED_OUT, SUCCEEDED]
+    assert backend.cancels == [(1, 1, False), (1, 1, True)]
+    # The timeout counted from the start the board reported (a poll waits a second at most).
+    assert backend.clock.now == pytest.approx(12.0, abs=1.0)
+    # Without a timeout, a polled start still gets the scheduler out of its wait.
+    backend = FakeBackend(FakeClock(), plan=lambda idx, n: Plan(runs_s=3.0), polls=True)
+    assert [o.status for o in _run(backend, _jobs(2), Policy())] == [SUCCEEDED] * 2
