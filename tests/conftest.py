@@ -40,6 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # The machine's key for sweeps (core.seal), the tests' own, shared with the
     # apps they start: never the user's ~/.local/state.
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="hydra-ray-tests-state-")
+    config.add_cleanup(lambda: shutil.rmtree(os.environ["XDG_STATE_HOME"], ignore_errors=True))
     # Ray's usage stats off, here and in every app and Ray the tests start (the
     # fake hosts' sshds set it for theirs: tests/cluster_harness).
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
