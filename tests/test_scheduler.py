@@ -14,9 +14,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_ray.checks.resources import JobResources
+from hydra_ray.core.errors import TaskLost
 from hydra_ray.core.jobs import FAILED, SUCCEEDED, TIMED_OUT, Job, JobOutcome, JobStarted, Policy
 from hydra_ray.engine.report import SweepProgress
-from hydra_ray.engine.scheduler import Attempt, Lost, Scheduler
+from hydra_ray.engine.scheduler import Attempt, Scheduler
 
 
 @dataclass
@@ -104,7 +105,7 @@ class FakeBackend:
             return self._start_of(run)
         run.outcome_read = True
         if run.plan.lost is not None:
-            raise Lost(run.plan.lost)
+            raise TaskLost(run.plan.lost)
         status = JobStatus.FAILED if run.plan.raises else JobStatus.COMPLETED
         job_return = JobReturn(overrides=job.overrides, status=status)
         job_return.return_value = ValueError("boom") if run.plan.raises else job.idx

@@ -60,6 +60,12 @@ class JobError(RuntimeError):
     from `_jobs`, its module before."""
 
 
+class TaskLost(Exception):
+    """A job's task ended without a result (its process or node died, after
+    Ray's retries; it was cancelled): the reason. The engine's backend raises
+    it to its scheduler, which makes it the job's failed outcome."""
+
+
 class ClusterCommandError(RuntimeError):
     """A command or a transfer on the cluster failed (what Ray's SDK raised is its cause)."""
 

@@ -14,12 +14,13 @@ from typing import Any
 
 from hydra_ray.checks.resources import JobResources, request
 from hydra_ray.checks.validate import without_nulls
+from hydra_ray.core.errors import TaskLost
 from hydra_ray.core.jobs import Job, JobOutcome, JobStarted, Policy
 from hydra_ray.core.records import write_record
 from hydra_ray.core.redact import redacting_logger
 from hydra_ray.engine.gather import JobDirs
 from hydra_ray.engine.report import SweepProgress
-from hydra_ray.engine.scheduler import Attempt, Lost, Scheduler
+from hydra_ray.engine.scheduler import Attempt, Scheduler
 from hydra_ray.engine.worker import ShippedState, run_one_job, run_one_job_reporting
 
 log = redacting_logger(__name__)
@@ -153,7 +154,7 @@ class RayBackend:
 
     def next_item(self, ref: Any) -> JobStarted | JobOutcome:
         """The next thing the job's task yielded (or returned, for a plain task);
-        Lost if none came: its process or node died (after Ray's retries), or
+        TaskLost if none came: its process or node died (after Ray's retries), or
         it was cancelled."""
         import ray
 
@@ -163,7 +164,7 @@ class RayBackend:
             )
         except (ray.exceptions.RayError, StopIteration) as exc:
             cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
-            raise Lost(f"{type(cause).__name__}: {cause}".strip()) from None
+            raise TaskLost(f"{type(cause).__name__}: {cause}".strip()) from None
         assert isinstance(item, JobStarted | JobOutcome)
         return item
 

@@ -15,7 +15,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
 from hydra_ray.checks.resources import JobResources, request
-from hydra_ray.core.errors import JobError, ResourceError
+from hydra_ray.core.errors import JobError, ResourceError, TaskLost
 from hydra_ray.core.jobs import FAILED, TIMED_OUT, Job, JobOutcome, JobStarted, Policy
 from hydra_ray.core.redact import redacting_logger
 from hydra_ray.engine.report import SweepProgress, describe
@@ -44,11 +44,6 @@ class Attempt:
     stop_asked: float | None = None
 
 
-class Lost(Exception):
-    """The attempt's task ended without a result (its process or node died,
-    after Ray's retries; it was cancelled): the reason."""
-
-
 class Backend(Protocol):
     """Runs attempts for the scheduler. A handle is whatever `submit` returns."""
 
@@ -65,7 +60,7 @@ class Backend(Protocol):
 
     def next_item(self, handle: Hashable) -> JobStarted | JobOutcome:
         """The next thing the attempt sent: its start, then its outcome; raises
-        Lost if it ended without one."""
+        TaskLost if it ended without one."""
 
     def ended(self, handle: Hashable) -> bool:
         """Whether the attempt's task has ended, without waiting."""
@@ -175,7 +170,7 @@ class Scheduler:
         attempt = self.running[handle]
         try:
             item = self.backend.next_item(handle)
-        except Lost as exc:
+        except TaskLost as exc:
             job = attempt.job
             error = JobError(
                 f"Job #{job.idx} ({describe(job.overrides) or 'no overrides'}) did not "
