@@ -1023,20 +1023,21 @@ def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
     tmp_path: Path,
 ) -> None:
     from hydra_ray.core.errors import OutputsNotHomeError
-    from hydra_ray.driver.protocol import BUNDLE_MARK
+    from hydra_ray.core.wire import PACK_MARK
+    from hydra_ray.infra.dashboard import Dashboard
     from hydra_ray.launch import jobs_api as _jobs_api
 
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "hydra-app-1.tar").write_bytes(b"not the pack the driver made")
     where = {"storage": f"file://{shared}", "key": "hydra-app-1.tar", "size": 10, "sha256": "0"}
-    logs = f"a log line\n{BUNDLE_MARK}{json.dumps(where)}\n"  # the driver's last line
+    logs = f"a log line\n{PACK_MARK}{json.dumps(where)}\n"  # the driver's last line
     settings = OmegaConf.create({"sync_down": {"target_dir": None, "storage": f"file://{shared}"}})
     book = SweepBook(tmp_path / "sweep", [], SweepSettings(False, 0, None, False))
-    dashboard = _jobs_api.Dashboard("http://127.0.0.1:1", {}, True)
+    dashboard = Dashboard("http://127.0.0.1:1", {}, True)
     with pytest.raises(OutputsNotHomeError, match=r"damaged.*they stay in file://"):
         _jobs_api._bring_pack_home(
-            dashboard, "hydra-app-1", _jobs_api._bundle_location(logs), settings, book, tmp_path
+            dashboard, "hydra-app-1", _jobs_api._pack_location(logs), settings, book, tmp_path
         )
     assert (shared / "hydra-app-1.tar").is_file()  # nothing removed that did not come home
 

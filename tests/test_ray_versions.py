@@ -112,7 +112,7 @@ def test_a_cluster_on_the_lowest_declared_ray_runs_the_sweep_and_sends_everythin
 
 
 def test_the_lowest_ray_the_launcher_accepts_is_the_declared_one() -> None:
-    from hydra_ray.driver.protocol import LOWEST_CLUSTER_RAY
+    from hydra_ray.core.wire import LOWEST_CLUSTER_RAY
 
     assert ".".join(map(str, LOWEST_CLUSTER_RAY)) == lower_bounds()["ray"]
 
@@ -187,7 +187,7 @@ def new_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ],
 )
 def test_which_rays_are_older_than_the_lowest(version: str, older: bool) -> None:
-    from hydra_ray.driver.protocol import older_than_lowest_ray
+    from hydra_ray.core.wire import older_than_lowest_ray
 
     assert older_than_lowest_ray(version) is older
 

@@ -31,7 +31,8 @@ from hydra_ray.core.records import (
     write_summary,
 )
 from hydra_ray.core.seal import SWEEP_ID, seal
-from hydra_ray.driver.protocol import HEAD_SWEEP_DIR, sweep_dir_on_cluster
+from hydra_ray.core.wire import HEAD_SWEEP_DIR
+from hydra_ray.driver.protocol import sweep_dir_on_cluster
 from hydra_ray.engine.report import MAX_TABLE_ROWS, summary_table
 from hydra_ray.launch.sweep import SweepBook, SweepSettings, batch, sweep_settings
 

@@ -25,8 +25,10 @@ from omegaconf import DictConfig, OmegaConf
 from hydra_ray.core.errors import Unauthentic
 from hydra_ray.core.jobs import Job, JobOutcome
 from hydra_ray.core.records import RECORD_DIR, read_record, write_manifest, write_record
+from hydra_ray.core.wire import PACK_MARK, RETURNS
 from hydra_ray.driver import head
-from hydra_ray.driver.protocol import BUNDLE_MARK, RETURNS, dump_outcomes, stored_sidecar
+from hydra_ray.driver.protocol import PackPlan, dump_outcomes, stored_sidecar
+from hydra_ray.infra.dashboard import Dashboard
 from hydra_ray.launch import jobs_api
 from hydra_ray.launch.cluster import _from_storage
 from hydra_ray.launch.sweep import SweepBook, SweepSettings
@@ -124,8 +126,7 @@ def _head_stores(
         write_record(on_head / "sweep", outcome, key)
     (on_head / RETURNS).write_bytes(dump_outcomes(outcomes, key))
     monkeypatch.chdir(on_head)
-    plan = {"name": name, "sweep_dir": "sweep", "include": [], "exclude": [], "storage": storage}
-    head.store_bundle(plan, key)
+    head.store_pack(PackPlan(name, "sweep", [], [], storage), key)
     assert (on_head / "stored.json").is_file()  # stored, or the test proves nothing
 
 
@@ -139,7 +140,7 @@ def test_a_genuine_pack_in_the_storage_comes_home_on_resume(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 
-    outcomes = _from_storage(noted, _settings(storage), sweep, scratch, book.key)
+    outcomes = _from_storage(noted, _settings(storage), book, scratch)
 
     assert outcomes is not None
     assert [(o.idx, o.job_return.return_value) for o in outcomes] == [(0, 0.5), (1, 0.25)]
@@ -180,7 +181,7 @@ def _resume_from(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     noted = {"storage": storage, "key": "c-1.tar"}
-    _from_storage(noted, _settings(storage), book.sweep_dir, scratch, book.key)
+    _from_storage(noted, _settings(storage), book, scratch)
 
 
 def _crafted_pack(marker: Path) -> bytes:
@@ -237,9 +238,9 @@ def test_a_ray_job_s_log_line_names_no_storage_and_no_pack_here(
     book = _book(sweep)
     marker, pack, elsewhere, said = _hostile(tmp_path, "evil.tar")
     said.update(node_ip="10.0.0.2", cluster_sweep=None)
-    dashboard = jobs_api.Dashboard("http://127.0.0.1:1", {}, True)
+    dashboard = Dashboard("http://127.0.0.1:1", {}, True)
     line = {**said, "storage": f"file://{elsewhere}", "key": "evil.tar"}
-    where = jobs_api._bundle_location(f"{BUNDLE_MARK}{json.dumps(line)}\n")
+    where = jobs_api._pack_location(f"{PACK_MARK}{json.dumps(line)}\n")
 
     # No storage configured here: the one the line names is not read.
     with pytest.raises(Exception, match=r"did not come home"):
@@ -341,8 +342,8 @@ def test_a_hostile_dashboard_s_pack_and_log_line_run_nothing_here(tmp_path: Path
             "file": "../../etc/evil.tar",
             "pack_path": "/",
         }
-        where = jobs_api._bundle_location(f"{BUNDLE_MARK}{json.dumps(line)}\n")
-        dashboard = jobs_api.Dashboard(server.address, {}, True)
+        where = jobs_api._pack_location(f"{PACK_MARK}{json.dumps(line)}\n")
+        dashboard = Dashboard(server.address, {}, True)
         with pytest.raises(Unauthentic, match=r"sub-1\.tar from the dashboard at http"):
             jobs_api._bring_pack_home(dashboard, "sub-1", where, _settings(None), book, tmp_path)
         # The file asked for is this submission's pack, not the one the line names.

@@ -7,7 +7,7 @@ outputs from the node that wrote them onto the head, and writes the job returns.
 
 Submitted through the Jobs API (`ray_jobs`), in the Ray job's working dir:
 
-    python -m hydra_ray.driver.head jobs JOB_SPEC BUNDLE_PLAN
+    python -m hydra_ray.driver.head jobs JOB_SPEC PACK_PLAN
 
 runs the same, then packs the returns, the records and the outputs into one file
 in the head's Ray log dir, which the launcher fetches through the dashboard.
@@ -45,21 +45,24 @@ from hydra_ray.core.pids import own_pid_line, runs
 from hydra_ray.core.records import RECORD_DIR, read_record, write_atomically
 from hydra_ray.core.redact import redacted, redacting_logger
 from hydra_ray.core.seal import pack_seal
-from hydra_ray.driver.protocol import (
-    BUNDLE_MARK,
-    BUNDLE_OUTPUTS,
-    BUNDLE_PLAN,
-    BUNDLE_RECORDS,
+from hydra_ray.core.wire import (
     GATHER_REPORT,
     JOB_SPEC,
     LOWEST_CLUSTER_RAY_TEXT,
+    PACK_MARK,
+    PACK_OUTPUTS,
+    PACK_PLAN,
+    PACK_RECORDS,
     PACKAGES,
     PLUGIN_DIR,
     RETURNS,
     STORED,
+    older_than_lowest_ray,
+)
+from hydra_ray.driver.protocol import (
+    PackPlan,
     dump_outcomes,
     load_job_spec,
-    older_than_lowest_ray,
     spec_key,
     stored_sidecar,
 )
@@ -169,7 +172,7 @@ def main(spec_path: str, returns_path: str, *, in_ray_job: bool = False) -> byte
 def main_for_jobs_api(spec_path: str, plan_path: str) -> None:
     """`main`, then the pack, also after a failure or a stop: Ray's `stop_job`
     sends SIGTERM, which cancels the jobs as Ctrl-C does (KeyboardInterrupt)."""
-    plan = json.loads(Path(plan_path).read_text())
+    plan = PackPlan.read(plan_path)
 
     def interrupt(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the pack must not be cut
@@ -179,10 +182,10 @@ def main_for_jobs_api(spec_path: str, plan_path: str) -> None:
     try:
         main(spec_path, RETURNS, in_ray_job=True)
     finally:
-        write_bundle(plan, spec_key(spec_path))
+        write_pack(plan, spec_key(spec_path))
 
 
-def write_bundle(plan: dict[str, Any], key: bytes) -> None:
+def write_pack(plan: PackPlan, key: bytes) -> None:
     """Pack into the head's Ray log dir (which the dashboard serves) and say where."""
     import ray
 
@@ -194,7 +197,7 @@ def write_bundle(plan: dict[str, Any], key: bytes) -> None:
     assert node is not None
     final = _pack(plan, Path(node.get_logs_dir_path()))
     size, sha256 = file_digest(final)
-    sweep = Path(plan["sweep_dir"]).resolve()
+    sweep = Path(plan.sweep_dir).resolve()
     where: dict[str, Any] = {
         "size": size,
         "sha256": sha256,
@@ -204,7 +207,7 @@ def write_bundle(plan: dict[str, Any], key: bytes) -> None:
         "node_ip": node.node_ip_address,
         "cluster_sweep": str(sweep) if sweep.is_relative_to(Path.cwd()) else None,
     }
-    storage = plan.get("storage")
+    storage = plan.storage
     if storage:
         try:
             _store(storage, final, key)
@@ -216,23 +219,23 @@ def write_bundle(plan: dict[str, Any], key: bytes) -> None:
         else:
             final.unlink()  # the sweep dir here still holds everything it packed
             where["seal"] = pack_seal(key, final.name, where)
-            print(BUNDLE_MARK + json.dumps({**where, "storage": True}), flush=True)
+            print(PACK_MARK + json.dumps({**where, "storage": True}), flush=True)
             return
     where.update(
         node_id=ray.get_runtime_context().get_node_id(), file=final.name, pack_path=str(final)
     )
     where["seal"] = pack_seal(key, final.name, where)
     log.info(f"Packed the results and outputs to bring home: {size / 2**20:.1f} MiB")
-    print(BUNDLE_MARK + json.dumps(where), flush=True)
+    print(PACK_MARK + json.dumps(where), flush=True)
 
 
-def store_bundle(plan: dict[str, Any], key: bytes) -> None:
+def store_pack(plan: PackPlan, key: bytes) -> None:
     """The cluster launchers' driver, once its jobs ended and their outputs are
     on the head: their results in sync_down.storage, so that they need not wait
     on the head for a launcher that is gone (a resume fetches them there), and
     STORED in the working dir saying so. On failure the results stay on the
     head only, as without a storage."""
-    storage = str(plan["storage"])
+    storage = str(plan.storage)
     try:
         final = _pack(plan, Path.cwd())
         try:
@@ -262,18 +265,18 @@ def _store(storage: str, pack: Path, key: bytes) -> dict[str, Any]:
     return where
 
 
-def _pack(plan: dict[str, Any], dest: Path) -> Path:
-    """One tar in `dest`, named plan["name"]: the returns and the gather report
+def _pack(plan: PackPlan, dest: Path) -> Path:
+    """One tar in `dest`, named plan.name: the returns and the gather report
     (if written, in the working dir), the records, and the outputs (the sweep
-    dir, or plan["outputs_dir"], filtered by plan's include/exclude)."""
-    sweep = Path(plan["sweep_dir"]).resolve()
-    outputs = Path(plan.get("outputs_dir") or sweep).resolve()
-    part = dest / f"{plan['name']}.part"
+    dir, or plan.outputs_dir, filtered by plan's include/exclude)."""
+    sweep = Path(plan.sweep_dir).resolve()
+    outputs = Path(plan.outputs_dir or sweep).resolve()
+    part = dest / f"{plan.name}.part"
     with tempfile.TemporaryDirectory(prefix="hydra-ray-down-") as tmp:
-        if outputs.is_dir() and (plan["include"] or plan["exclude"]):
+        if outputs.is_dir() and (plan.include or plan.exclude):
             filtered = Path(tmp)
             cmd = rsync_command(
-                f"{outputs}/", f"{filtered}/", include=plan["include"], exclude=plan["exclude"]
+                f"{outputs}/", f"{filtered}/", include=plan.include, exclude=plan.exclude
             )
             try:
                 subprocess.run(cmd, check=True)
@@ -286,16 +289,16 @@ def _pack(plan: dict[str, Any], dest: Path) -> Path:
                 if Path(name).is_file():
                     tar.add(name, arcname=name)
             if (sweep / RECORD_DIR).is_dir():
-                tar.add(sweep / RECORD_DIR, arcname=BUNDLE_RECORDS)
+                tar.add(sweep / RECORD_DIR, arcname=PACK_RECORDS)
             if outputs.is_dir():
-                tar.add(outputs, arcname=BUNDLE_OUTPUTS, filter=_not_records)
-    final = dest / str(plan["name"])
+                tar.add(outputs, arcname=PACK_OUTPUTS, filter=_not_records)
+    final = dest / plan.name
     os.replace(part, final)
     return final
 
 
 def _not_records(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    return None if member.name.startswith(f"{BUNDLE_OUTPUTS}/{RECORD_DIR}") else member
+    return None if member.name.startswith(f"{PACK_OUTPUTS}/{RECORD_DIR}") else member
 
 
 def _staged_packages() -> list[str]:
@@ -440,5 +443,5 @@ if __name__ == "__main__":
     else:
         sweep_key = main(*sys.argv[1:3])
         # The cluster launchers' plan, when results go to sync_down.storage.
-        if Path(BUNDLE_PLAN).is_file():
-            store_bundle(json.loads(Path(BUNDLE_PLAN).read_text()), sweep_key)
+        if Path(PACK_PLAN).is_file():
+            store_pack(PackPlan.read(PACK_PLAN), sweep_key)

@@ -7,10 +7,11 @@ Both sides import this module; it imports the data types and the seals of
 `core`, no Ray.
 """
 
+import dataclasses
 import importlib.util
+import json
 import os
 import pickle
-import re
 import shlex
 import shutil
 import tarfile
@@ -29,54 +30,20 @@ from hydra_ray.core.pids import pid_in, still_runs, write_own_pid
 from hydra_ray.core.records import RECORD_DIR
 from hydra_ray.core.seal import check_pack_seal, seal, unseal
 from hydra_ray.core.untar import extract_within
-
-# The driver, run as `python -m DRIVER_MODULE` in its working dir on the head.
-DRIVER_MODULE = "hydra_ray.driver.head"
-# The files of the driver's working dir (a temp dir of the launch on the head),
-# shared with the launcher: this plugin's source (both of its packages, and
-# rich), the job spec it sends, the returns it brings home.
-PLUGIN_DIR = "plugin"
-JOB_SPEC = "job_spec.pkl"
-RETURNS = "returns.pkl"
-# The detached driver's output, its exit status, and the pid (and start time,
-# see core.pids) of the shell that waits for it (see `driver_command`).
-DRIVER_LOG = "driver.log"
-DRIVER_RC = "driver.rc"
-WRAPPER_PID = "driver_wrapper.pid"
-STATE_MARK = "HYDRA_RAY_DRIVER="
-# Where a sweep whose hydra.sweep.dir is absolute (a path of the launching
-# machine), or relative but leading out of the working dir (`../out`) or the
-# working dir itself, lives on the cluster: in the driver's working dir, as
-# another relative one does, so that nothing is written, or left, outside it
-# on the nodes, and two sweeps never share it.
-HEAD_SWEEP_DIR = "sweep"
-# The packages staged in PLUGIN_DIR that the jobs import on every node.
-PACKAGES = ("hydra_plugins", "hydra_ray")
-# Written in its working dir by the driver and by `gather` once they have tried to
-# bring every node's outputs onto the head: {"complete": bool, "left": [{"node":
-# IP, "node_id": ID, "paths": [...], "error": why}]}. The launcher tears the
-# cluster down only after a complete one (a missing file means the gather did not
-# end: outputs may still be on nodes).
-GATHER_REPORT = "gather_report.json"
-
-# The Jobs API launcher's files: in the Ray job's working dir, what to pack
-# ({"name": file name in the log dir, "sweep_dir", "include", "exclude", "storage"});
-# in the job's log, the line that says where the pack is (then a JSON object: size,
-# sha256, node_ip, cluster_sweep, and node_id, file, pack_path in the log dir, or
-# "storage": true when it went to sync_down.storage; and the pack's seal, see
-# core.seal, over all of these).
-BUNDLE_PLAN = "bundle.json"
-BUNDLE_MARK = "HYDRA_RAY_BUNDLE "
-# In the pack: the returns and the gather report (if written), the records, the
-# outputs (the sweep dir, filtered by sync_down, without the records).
-BUNDLE_RECORDS = "records"
-BUNDLE_OUTPUTS = "outputs"
-# The cluster launchers' driver writes the same plan in its working dir when
-# sync_down.storage is set (with "outputs_dir" when sync_down.source_dir names
-# another dir than the sweep dir); once the pack is in the storage, STORED there
-# says where ({"storage", "key", "size", "sha256"}), as does a file beside the
-# pack in the storage (`stored_sidecar`), put last: a pack without it is not whole.
-STORED = "stored.json"
+from hydra_ray.core.wire import (
+    DRIVER_LOG,
+    DRIVER_MODULE,
+    DRIVER_RC,
+    HEAD_SWEEP_DIR,
+    JOB_SPEC,
+    PACK_OUTPUTS,
+    PACK_RECORDS,
+    PLUGIN_DIR,
+    PYTHON_MARK,
+    RETURNS,
+    STATE_MARK,
+    WRAPPER_PID,
+)
 
 
 def stored_sidecar(key: str) -> str:
@@ -109,6 +76,37 @@ class JobSpec:
     # The sweep's key (core.seal): the driver seals its records, returns and pack
     # with it; it goes nowhere else (no job gets it).
     key: bytes
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """What the driver packs (one tar: the returns, the gather report, the
+    records, the outputs) and where it puts the pack: PACK_PLAN in its working
+    dir. The `ray_jobs` launcher's driver always packs (the pack comes home
+    through the dashboard, or the storage); the cluster launchers' only with
+    sync_down.storage."""
+
+    # The pack's file name, chosen by the launcher (a resume fetches it by that name).
+    name: str
+    # The sweep dir as the jobs on the cluster name it.
+    sweep_dir: str
+    # sync_down's filters, applied before packing.
+    include: list[str]
+    exclude: list[str]
+    # sync_down.storage: the URI may hold credentials, so the plan is a 0600
+    # file and never a command line.
+    storage: str | None = None
+    # The dir whose outputs are packed when sync_down.source_dir names another
+    # than the sweep dir (as rsync names it on the head: relative to home).
+    outputs_dir: str | None = None
+
+    def write(self, path: Path) -> None:
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            json.dump(dataclasses.asdict(self), f)
+
+    @classmethod
+    def read(cls, path: str | Path) -> "PackPlan":
+        return cls(**json.loads(Path(path).read_text()))
 
 
 def write_job_spec(path: Path, spec: JobSpec, pickled: bytes) -> None:
@@ -216,24 +214,6 @@ def driver_state_command(remote_tmp: str) -> str:
     )
 
 
-# The oldest Ray a cluster may run for the driver and the dashboard's APIs we use:
-# pyproject.toml's lower bound of ray (a test holds them equal), tested in CI.
-LOWEST_CLUSTER_RAY = (2, 40)
-LOWEST_CLUSTER_RAY_TEXT = ".".join(str(n) for n in LOWEST_CLUSTER_RAY)
-
-
-def older_than_lowest_ray(version: str) -> bool:
-    """Whether `version` (Ray's `__version__`, or the dashboard's `ray_version`)
-    names a Ray older than LOWEST_CLUSTER_RAY; a text that names no version is
-    not refused here."""
-    numbers = re.match(r"(\d+)\.(\d+)", version)
-    return numbers is not None and tuple(int(n) for n in numbers.groups()) < LOWEST_CLUSTER_RAY
-
-
-# The line a Ray job's entrypoint writes first: the Python it runs the driver with.
-PYTHON_MARK = "HYDRA_RAY_DRIVER_PYTHON="
-
-
 def ray_job_entrypoint(python: str | None, args: str) -> str:
     """The shell command of a Ray job of ours: Python with ARGS (`-m DRIVER_MODULE
     ...` for the sweep's driver, `-c ...` for a cleanup), run by
@@ -274,21 +254,21 @@ def _python(remote_tmp: str, args: str, code_dir: str | None = None) -> str:
     )
 
 
-def unpack_bundle(
+def extract_pack(
     pack: Path, into: Path, sweep_dir: Path, outputs_to: Path
 ) -> tuple[list[int], Path | None]:
-    """Unpack `pack` (BUNDLE_PLAN's tar) in `into`; its records into
+    """Unpack `pack` (PACK_PLAN's tar) in `into`; its records into
     `sweep_dir`'s record dir, its outputs into `outputs_to`. The jobs whose
     records came, and where the returns are (None if the driver wrote none)."""
     with tarfile.open(pack) as tar:
         extract_within(tar, into, source=f"the sweep's pack {pack.name}")
     idxs: list[int] = []
-    if (into / BUNDLE_RECORDS).is_dir():
-        shutil.copytree(into / BUNDLE_RECORDS, sweep_dir / RECORD_DIR, dirs_exist_ok=True)
-        came = (p.stem.removeprefix("job_") for p in (into / BUNDLE_RECORDS).glob("job_*.pkl"))
+    if (into / PACK_RECORDS).is_dir():
+        shutil.copytree(into / PACK_RECORDS, sweep_dir / RECORD_DIR, dirs_exist_ok=True)
+        came = (p.stem.removeprefix("job_") for p in (into / PACK_RECORDS).glob("job_*.pkl"))
         idxs = sorted(int(i) for i in came if i.isdecimal())
-    if (into / BUNDLE_OUTPUTS).is_dir():
-        shutil.copytree(into / BUNDLE_OUTPUTS, outputs_to, dirs_exist_ok=True)
+    if (into / PACK_OUTPUTS).is_dir():
+        shutil.copytree(into / PACK_OUTPUTS, outputs_to, dirs_exist_ok=True)
     returns = into / RETURNS
     return idxs, returns if returns.is_file() else None
 

@@ -13,7 +13,7 @@ deadline is met only when the launcher is gone (kill -9, a closed laptop, a
 lost network) or when it kept the cluster for outputs that did not come home,
 and then it said the deadline's clock time. When every launch's results left
 on the head are also in sync_down.storage (the driver wrote `stored.json`
-beside them), none waits there, and a short grace replaces the deadline;
+beside them, core.wire.STORED), none waits there, and a short grace replaces the deadline;
 those launch dirs are removed before the teardown (a cloud's disks go with
 it, an on-prem host's stay).
 
@@ -28,6 +28,7 @@ import shlex
 from dataclasses import dataclass
 
 from hydra_ray.core.pids import pid_in, still_runs, write_own_pid
+from hydra_ray.core.wire import DRIVER_RC, STORED, WRAPPER_PID
 
 # On the head, relative to the home dir: one dir per cluster.
 WATCH_DIR = ".hydra_ray/autodown"
@@ -82,9 +83,9 @@ while sleep "$(cat poll)"; do
     continue
   fi
   busy=
-  for p in "$root"/hydra-ray-*/driver_wrapper.pid; do
+  for p in "$root"/hydra-ray-*/@WRAPPER_PID@; do
     [ -s "$p" ] || continue
-    [ -s "${p%/*}/driver.rc" ] && continue
+    [ -s "${p%/*}/@DRIVER_RC@" ] && continue
     @DRIVER_RUNS@ && busy=1
   done
   rsync='^(/[[:alnum:]._-]+)*/?rsync'
@@ -95,7 +96,7 @@ while sleep "$(cat poll)"; do
   waiting=; stored=
   for d in "$root"/hydra-ray-*/; do
     [ -d "$d" ] || continue
-    if [ -f "$d/stored.json" ]; then stored=1; else waiting=1; fi
+    if [ -f "$d/@STORED@" ]; then stored=1; else waiting=1; fi
   done
   limit=$(cat limit)
   if [ -n "$stored" ] && [ -z "$waiting" ] && [ "$limit" -gt "$(cat grace)" ]; then
@@ -105,7 +106,7 @@ while sleep "$(cat poll)"; do
   [ "$idle" -lt "$limit" ] && continue
   say "idle for $idle s (hydra.launcher.autodown_minutes): tearing the cluster down"
   for d in "$root"/hydra-ray-*/; do
-    [ -f "$d/stored.json" ] && rm -rf "$d" && say "removed $d: its results are in the storage"
+    [ -f "$d/@STORED@" ] && rm -rf "$d" && say "removed $d: its results are in the storage"
   done
   sh -c "$(cat down)"
   rc=$?
@@ -115,9 +116,14 @@ while sleep "$(cat poll)"; do
 done
 """
 # Pid files that a reused pid cannot fool (core.pids).
-_WATCH = _WATCH.replace("@WRITE_OWN_PID@", write_own_pid("pid")).replace(
-    "@DRIVER_RUNS@", still_runs('"$p"')
-)
+for _mark, _value in (
+    ("@WRITE_OWN_PID@", write_own_pid("pid")),
+    ("@DRIVER_RUNS@", still_runs('"$p"')),
+    ("@WRAPPER_PID@", WRAPPER_PID),
+    ("@DRIVER_RC@", DRIVER_RC),
+    ("@STORED@", STORED),
+):
+    _WATCH = _WATCH.replace(_mark, _value)
 
 
 @dataclass(frozen=True)

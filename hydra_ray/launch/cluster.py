@@ -8,8 +8,7 @@ import os
 import re
 import shlex
 import subprocess
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -25,37 +24,38 @@ from hydra_ray.checks.validate import (
     validate_cluster_config,
 )
 from hydra_ray.core.errors import ClusterCommandError, DriverError, OutputsNotHomeError
-from hydra_ray.core.jobs import INTERRUPTED, JobOutcome
+from hydra_ray.core.jobs import JobOutcome
 from hydra_ray.core.records import (
     RECORD_DIR,
-    detached_runs,
     move_records_home,
-    moved_home,
     note_detached_run,
     note_detached_run_home,
     read_record,
     write_record,
 )
 from hydra_ray.core.redact import redacted, redacting_logger
-from hydra_ray.driver.protocol import (
-    BUNDLE_PLAN,
+from hydra_ray.core.wire import (
+    FOUND_MARK,
     GATHER_REPORT,
     JOB_SPEC,
+    PACK_PLAN,
     PLUGIN_DIR,
+    REPORT_MARK,
     RETURNS,
     STATE_MARK,
+    STORED,
+)
+from hydra_ray.driver.protocol import (
     JobSpec,
+    PackPlan,
     driver_command,
     driver_state_command,
     follow_command,
     gather_command,
-    load_outcomes,
     stage_plugin,
     stored_sidecar,
     sweep_dir_as_given,
     sweep_dir_on_cluster,
-    unpack_bundle,
-    verify_pack,
     write_job_spec,
 )
 from hydra_ray.engine.worker import dumps_for_cluster
@@ -77,16 +77,14 @@ from hydra_ray.infra.storage import (
     storage_problems,
 )
 from hydra_ray.infra.sync import rsync_command
-from hydra_ray.launch import skeleton
+from hydra_ray.launch import detached, skeleton
+from hydra_ray.launch.detached import nums
 from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec, warn_if_script_left_out
 
 if TYPE_CHECKING:
     from hydra_ray.launch.sweep import Session
 
 log = redacting_logger(__name__)
-
-_REPORT_MARK = "HYDRA_RAY_GATHER_REPORT="
-_FOUND = "HYDRA_RAY_FOUND"
 
 
 class OnCluster(skeleton.LaunchPath):
@@ -123,21 +121,82 @@ class OnCluster(skeleton.LaunchPath):
         session.lifetime = ClusterLifetime(settings, cluster_config)
 
     def run_batch(self, session: "Session", book: SweepBook, current: Batch) -> list[JobOutcome]:
-        """On a resume, first the outcomes of a driver an earlier run of the sweep
-        started and did not bring home (it may still run); then a driver for the rest."""
         assert session.lifetime is not None
-        settings: DictConfig = session.config.hydra.launcher
-        got = _reattach(session.lifetime, settings, book, current) if book.settings.resume else {}
-        outcomes = [got[job.idx] for job in current.to_run if job.idx in got]
-        rest = [job for job in current.to_run if job.idx not in got]
-        if not rest:
-            return outcomes
-        remaining = dataclasses.replace(
-            current, to_run=rest, already_done=current.already_done + len(outcomes)
-        )
+        return detached.run_batch(_OverSsh(session.lifetime, session, book), book, current)
+
+
+class _OverSsh:
+    """The transport of the cluster launchers: commands over ssh and files over
+    rsync to the cluster's head, through Ray's cluster launcher."""
+
+    def __init__(self, lifetime: ClusterLifetime, session: "Session", book: SweepBook):
+        self.notes = DRIVERS
+        self.lifetime = lifetime
+        self.session = session
+        self.book = book
+        self.settings: DictConfig = session.config.hydra.launcher
+
+    def run(self, remaining: Batch) -> list[JobOutcome]:
         # A job whose ray.remote does not resolve is refused here, before the cluster.
-        spec = build_job_spec(session, book, remaining, _code_dir(settings.sync_up))
-        return outcomes + _run_on_cluster(session.lifetime, spec, settings, book)
+        code_dir = _code_dir(self.settings.sync_up)
+        spec = build_job_spec(self.session, self.book, remaining, code_dir)
+        return _run_on_cluster(self.lifetime, spec, self.settings, self.book)
+
+    def reattach(self, run_id: str, noted: Mapping[str, Any], jobs: list[int]) -> list[JobOutcome]:
+        """From sync_down.storage if the driver put its results there; else from
+        the head, following the driver to its end first. Creates no cluster: one
+        that is gone is said so."""
+        book, settings = self.book, self.settings
+        with scratch_dir("hydra-ray-cluster") as local_tmp:
+            stored = _from_storage(noted, settings, book, local_tmp)
+        if stored is not None:
+            note_detached_run_home(book.sweep_dir, DRIVERS, run_id)
+            return stored
+        cluster = state = None
+        if self.lifetime.head_runs():
+            cluster = self.lifetime.get(
+                book.sweep_dir / ".hydra" / "ray_cluster.yaml", restart=False
+            )
+            state = _driver_state(cluster, run_id)
+        if cluster is None or state == "gone":
+            log.warning(
+                (
+                    f"The cluster that ran jobs {nums(jobs)} for an earlier run of this sweep "
+                    "is gone"
+                    if cluster is None
+                    else f"The head has no {run_id} of an earlier run of this sweep (jobs "
+                    f"{nums(jobs)})"
+                )
+                + ": those of them that did not come home run again"
+            )
+            note_detached_run_home(book.sweep_dir, DRIVERS, run_id)
+            return []
+        log.info(
+            f"Re-attaching to the driver ({state}) an earlier run of this sweep started on "
+            f"the cluster's head for jobs {nums(jobs)}: its output from the start follows, "
+            "then everything comes home"
+        )
+        with (
+            scratch_dir("hydra-ray-cluster") as local_tmp,
+            remote_temp_dir(cluster, run_id) as remote_tmp,
+        ):
+            try:
+                _follow(cluster, run_id, float(settings.reconnect_s), from_start=True)
+            except DriverError as exc:  # stopped or failed: what it finished has its record
+                log.warning(f"{exc} What it finished comes home; the rest runs again")
+            finally:
+                returns = _bring_home_from_head(
+                    cluster,
+                    remote_tmp,
+                    settings.sync_down,
+                    book.sweep_dir,
+                    local_tmp,
+                    book.key,
+                    jobs,
+                )
+            note_detached_run_home(book.sweep_dir, DRIVERS, run_id)
+            home = _outputs_home(settings.sync_down, book.sweep_dir)
+            return detached.outcomes_home(returns if returns.is_file() else None, home, book, jobs)
 
 
 # In the sweep's record dir: each driver this sweep started on a cluster's head,
@@ -202,14 +261,15 @@ def _run_on_cluster(
             note_detached_run_home(sweep_dir, DRIVERS, remote_tmp.path)
             if stored:
                 _remove_stored(str(settings.sync_down.storage), stored["key"])
-            return _outcomes_home(returns, settings, sweep_dir, spec.sweep_dir, book.key)
+            home = _outputs_home(settings.sync_down, sweep_dir)
+            return detached.outcomes_home(returns, home, book, jobs)
 
 
 def _plan_storage(
     cluster: Cluster, sync: DictConfig, cluster_sweep: str, remote_tmp: str, local_tmp: Path
 ) -> dict[str, str]:
     """With sync_down.storage: the plan that has the driver put its results
-    there (BUNDLE_PLAN, in its working dir); where they will be, to note (the
+    there (PACK_PLAN, in its working dir); where they will be, to note (the
     storage without its credentials: a resume reads the configured one). The
     plan goes as a file, 0600, as the job spec does: the storage's URI may hold
     credentials, which no command line may."""
@@ -217,19 +277,16 @@ def _plan_storage(
         return {}
     key = f"{cluster.name}-{Path(remote_tmp).name}.tar"
     source = sync.source_dir
-    plan = {
-        "name": key,
-        "sweep_dir": cluster_sweep,
-        # As rsync names it on the head: relative to the home dir.
-        "outputs_dir": None if source is None else os.path.join("~", str(source)),
-        "include": list(sync.include),
-        "exclude": list(sync.exclude),
-        "storage": str(sync.storage),
-    }
-    local = local_tmp / BUNDLE_PLAN
-    with open(os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        json.dump(plan, f)
-    cluster.rsync_up(str(local), f"{remote_tmp}/{BUNDLE_PLAN}")
+    plan = PackPlan(
+        name=key,
+        sweep_dir=cluster_sweep,
+        include=list(sync.include),
+        exclude=list(sync.exclude),
+        storage=str(sync.storage),
+        outputs_dir=None if source is None else os.path.join("~", str(source)),
+    )
+    plan.write(local_tmp / PACK_PLAN)
+    cluster.rsync_up(str(local_tmp / PACK_PLAN), f"{remote_tmp}/{PACK_PLAN}")
     return {"storage": str(redacted(str(sync.storage))), "key": key}
 
 
@@ -244,11 +301,7 @@ _PACK_NAME = re.compile(r"[A-Za-z0-9_.-]+\.tar")
 
 
 def _from_storage(
-    noted: Mapping[str, Any],
-    settings: DictConfig,
-    sweep_dir: Path,
-    local_tmp: Path,
-    sweep_key: bytes,
+    noted: Mapping[str, Any], settings: DictConfig, book: SweepBook, local_tmp: Path
 ) -> list[JobOutcome] | None:
     """The outcomes of a driver that put its results in sync_down.storage (its
     cluster may be gone), brought home from there; None if they are not there
@@ -263,19 +316,21 @@ def _from_storage(
     if not _PACK_NAME.fullmatch(key):
         log.warning(f"{DRIVERS} notes a pack {key!r}, not a name this launcher makes: not fetched")
         return None
-    if settings.sync_down.storage is None:
+    jobs = [int(i) for i in noted.get("jobs", [])]
+    sync = settings.sync_down
+    if sync.storage is None:
         log.warning(
-            f"The driver of jobs {_nums(noted.get('jobs', []))} put its results in a "
-            "sync_down.storage, and none is configured now: give the sweep's "
-            "hydra.launcher.sync_down.storage to fetch them from there"
+            f"The driver of jobs {nums(jobs)} put its results in a sync_down.storage, and "
+            "none is configured now: give the sweep's hydra.launcher.sync_down.storage to "
+            "fetch them from there"
         )
         return None
-    storage = str(settings.sync_down.storage)
+    storage = str(sync.storage)
     try:
         if not exists(storage, stored_sidecar(key)):
             return None
-        fetch(storage, stored_sidecar(key), local_tmp / "stored.json")
-        said = json.loads((local_tmp / "stored.json").read_text())
+        fetch(storage, stored_sidecar(key), local_tmp / STORED)
+        said = json.loads((local_tmp / STORED).read_text())
         where = {
             "storage": storage,
             "key": key,
@@ -285,110 +340,13 @@ def _from_storage(
     except (OSError, ValueError, AttributeError) as exc:
         log.warning(f"Could not fetch the results from {redacted(storage)} as {key}: {exc}")
         return None
-    verify_pack(sweep_key, key, where, f"{redacted(storage)} (sync_down.storage)")
-    sync = settings.sync_down
-    home = _outputs_home(sync, sweep_dir)
-    target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
-    idxs, returns = unpack_bundle(local_tmp / key, local_tmp / "unpacked", sweep_dir, target)
-    given = sweep_dir_on_cluster(str(sweep_dir))
-    if home is not None:
-        move_records_home(sweep_dir, idxs, given, home, sweep_key)
-    log.info(f"Brought home the results of jobs {_nums(idxs)} from {redacted(storage)}")
+    home = _outputs_home(sync, book.sweep_dir)
+    target = Path(str(sync.target_dir)) if sync.target_dir is not None else book.sweep_dir
+    source = f"{redacted(storage)} (sync_down.storage)"
+    idxs, returns = detached.unpack_home(book, local_tmp / key, where, source, target, home)
+    log.info(f"Brought home the results of jobs {nums(idxs)} from {redacted(storage)}")
     _remove_stored(storage, key)
-    if returns is not None:
-        return _outcomes_home(returns, settings, sweep_dir, given, sweep_key)
-    found = (read_record(sweep_dir, idx, sweep_key) for idx in idxs)
-    return [o for o in found if o is not None]
-
-
-def _outcomes_home(
-    returns: Path, settings: DictConfig, sweep_dir: Path, given: str, key: bytes
-) -> list[JobOutcome]:
-    """The driver's outcomes, their output dirs where the outputs are now
-    (`given`: the sweep dir as the jobs on the cluster named it)."""
-    home = _outputs_home(settings.sync_down, sweep_dir)
-    outcomes = load_outcomes(str(returns), key)
-    if home is None:
-        return outcomes
-    return [moved_home(o, given, home) for o in outcomes]
-
-
-def _reattach(
-    lifetime: ClusterLifetime, settings: DictConfig, book: SweepBook, current: Batch
-) -> dict[int, JobOutcome]:
-    """The outcomes, by job, of the drivers an earlier run of the sweep started
-    for this batch and did not bring home: each is followed to its end (it may
-    still run) and what it wrote brought home. A job it did not finish is not
-    among them (it runs again). Creates no cluster: one that is gone is said so."""
-    wanted = {job.idx for job in current.to_run}
-    got: dict[int, JobOutcome] = {}
-    for remote_path, noted in detached_runs(book.sweep_dir, DRIVERS).items():
-        jobs = {int(i) for i in noted.get("jobs", [])}
-        if noted.get("home") or not jobs & wanted:
-            continue
-        with scratch_dir("hydra-ray-cluster") as local_tmp:
-            stored = _from_storage(noted, settings, book.sweep_dir, local_tmp, book.key)
-        if stored is not None:
-            note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
-            got.update((o.idx, o) for o in stored if o.idx in wanted and o.status != INTERRUPTED)
-            continue
-        if not lifetime.head_runs():
-            log.warning(
-                f"The cluster that ran jobs {_nums(jobs)} for an earlier run of this sweep is "
-                "gone: those of them that did not come home run again"
-            )
-            note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
-            continue
-        cluster = lifetime.get(book.sweep_dir / ".hydra" / "ray_cluster.yaml", restart=False)
-        state = _driver_state(cluster, remote_path)
-        if state == "gone":
-            log.warning(
-                f"The head has no {remote_path} of an earlier run of this sweep (jobs "
-                f"{_nums(jobs)}): those of them that did not come home run again"
-            )
-            note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
-            continue
-        log.info(
-            f"Re-attaching to the driver ({state}) an earlier run of this sweep started on "
-            f"the cluster's head for jobs {_nums(jobs)}: its output from the start follows, "
-            "then everything comes home"
-        )
-        with (
-            scratch_dir("hydra-ray-cluster") as local_tmp,
-            remote_temp_dir(cluster, remote_path) as remote_tmp,
-        ):
-            try:
-                _follow(cluster, remote_path, float(settings.reconnect_s), from_start=True)
-            except DriverError as exc:  # stopped or failed: what it finished has its record
-                log.warning(f"{exc} What it finished comes home; the rest runs again")
-            finally:
-                returns = _bring_home_from_head(
-                    cluster,
-                    remote_tmp,
-                    settings.sync_down,
-                    book.sweep_dir,
-                    local_tmp,
-                    book.key,
-                    jobs=sorted(jobs),
-                )
-            note_detached_run_home(book.sweep_dir, DRIVERS, remote_path)
-            if returns.is_file():
-                outcomes = _outcomes_home(
-                    returns,
-                    settings,
-                    book.sweep_dir,
-                    sweep_dir_on_cluster(str(book.sweep_dir)),
-                    book.key,
-                )
-            else:
-                found = (read_record(book.sweep_dir, idx, book.key) for idx in sorted(jobs))
-                outcomes = [o for o in found if o is not None]
-        got.update((o.idx, o) for o in outcomes if o.idx in wanted and o.status != INTERRUPTED)
-    return got
-
-
-def _nums(jobs: Iterable[int]) -> str:
-    return ", ".join(f"#{i}" for i in sorted(jobs))
+    return detached.outcomes_home(returns, home, book, idxs)
 
 
 def _code_dir(sync: DictConfig) -> str | None:
@@ -436,8 +394,7 @@ def _follow(cluster: Cluster, remote_tmp: str, reconnect_s: float, *, from_start
     to `reconnect_s` (hydra.launcher.reconnect_s). Raises DriverError when the
     driver failed or was killed, or the head stayed out of reach (the driver may
     still run: the resume command follows it)."""
-    lost_since: float | None = None
-    wait = 1.0
+    reconnect = detached.Reconnect(reconnect_s)
     while True:
         try:
             cluster.run(follow_command(remote_tmp, from_start=from_start))
@@ -452,18 +409,16 @@ def _follow(cluster: Cluster, remote_tmp: str, reconnect_s: float, *, from_start
                     f"The driver on the cluster's head failed ({exc}); its output is above. "
                     "Outputs of the jobs that finished were synced down."
                 ) from exc
-            lost_since = lost_since or time.monotonic()
-            if time.monotonic() - lost_since > reconnect_s:
+            if reconnect.given_up():
                 raise DriverError(
                     f"Lost the connection to the cluster's head for {reconnect_s:g} s "
                     f"(hydra.launcher.reconnect_s; {exc}); the driver there may still run"
                 ) from exc
             log.warning(
                 f"Lost the driver's output ({exc}); the driver is {state}: "
-                f"following it again in {wait:.0f} s"
+                f"following it again in {reconnect.wait_s:.0f} s"
             )
-            time.sleep(wait)
-            wait = min(wait * 2, 15.0)
+            reconnect.pause()
             from_start = False
 
 
@@ -658,12 +613,12 @@ def _mark_outputs_left(
 def _gather_report(cluster: Cluster, remote_tmp: str) -> dict[str, Any] | None:
     path = shlex.quote(f"{remote_tmp}/{GATHER_REPORT}")
     out = cluster.run(
-        f'if [ -f {path} ]; then echo "{_REPORT_MARK}$(cat {path})"; fi', with_output=True
+        f'if [ -f {path} ]; then echo "{REPORT_MARK}$(cat {path})"; fi', with_output=True
     )
     for line in out.splitlines():
-        if line.startswith(_REPORT_MARK):
+        if line.startswith(REPORT_MARK):
             try:
-                report = json.loads(line[len(_REPORT_MARK) :])
+                report = json.loads(line[len(REPORT_MARK) :])
             except json.JSONDecodeError:
                 return None
             return report if isinstance(report, dict) else None
@@ -671,8 +626,10 @@ def _gather_report(cluster: Cluster, remote_tmp: str) -> dict[str, Any] | None:
 
 
 def _head_has(cluster: Cluster, path: str) -> bool:
-    out = cluster.run(f"if [ -f {shlex.quote(path)} ]; then echo {_FOUND}; fi", with_output=True)
-    return _FOUND in out.split()
+    out = cluster.run(
+        f"if [ -f {shlex.quote(path)} ]; then echo {FOUND_MARK}; fi", with_output=True
+    )
+    return FOUND_MARK in out.split()
 
 
 def _head_sweep_dir(remote_tmp: str, sweep_dir: Path) -> str:

@@ -18,7 +18,8 @@ from hydra_ray.checks.validate import plain_dict, ray_init_kwargs, refuse, sweep
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.jobs import JobOutcome, JobStarted
 from hydra_ray.core.redact import redacted, redacting_logger
-from hydra_ray.driver.protocol import PACKAGES, stage_plugin
+from hydra_ray.core.wire import PACKAGES
+from hydra_ray.driver.protocol import stage_plugin
 from hydra_ray.engine import run as engine
 from hydra_ray.engine.gather import JobDirs, gather_outputs
 from hydra_ray.engine.worker import capture_sweep_state, composed_here, ship_state

@@ -26,6 +26,7 @@ from omegaconf.errors import (
     UnsupportedInterpolationType,
 )
 
+from hydra_ray.checks.dashboard import dashboard_problems
 from hydra_ray.checks.resources import JobResources, for_sweep, request
 from hydra_ray.checks.validate import plain_dict, without_nulls
 from hydra_ray.core.errors import ConfigError
@@ -33,6 +34,7 @@ from hydra_ray.core.jobs import Job
 from hydra_ray.core.redact import redacted, redacting_logger
 from hydra_ray.driver.protocol import sweep_dir_as_given
 from hydra_ray.engine.report import describe, described
+from hydra_ray.infra.dashboard import UPLOAD_LIMIT, dashboard_address
 from hydra_ray.infra.storage import storage_problems
 from hydra_ray.infra.sync import rsync_command
 
@@ -536,4 +538,43 @@ def dry_run_cluster(
         plan_cluster(plan, cluster if prepared is None else prepared)
         plan_aws(plan, cluster)
     plan_sync(plan, settings)
+    plan.finish()
+
+
+def dry_run_jobs(
+    hydra_context: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], first: int
+) -> NoReturn:
+    """The dry run of the `ray_jobs` launcher: no request reaches the dashboard."""
+    plan = Plan("ray_jobs")
+    settings = config.hydra.launcher
+    plan_sweep(plan, hydra_context, config, job_overrides, first)
+    plan.problems += [str(p) for p in dashboard_problems(settings)]
+    try:
+        address = dashboard_address(settings)
+    except ConfigError:
+        address = "(none: see the problems)"
+    lines = [f"one Ray job per batch, submitted to the dashboard at {address}"]
+    up = settings.sync_up
+    source = Path(str(up.source_dir)).expanduser().resolve() if up.source_dir else None
+    if source is None:
+        lines.append("code: none sent (hydra.launcher.sync_up.source_dir is null)")
+    elif source.is_dir():
+        total = upload_lines(lines, "code", source, up)
+        if total > UPLOAD_LIMIT:
+            plan.problems.append(
+                f"hydra.launcher.sync_up: {size_text(total)} of code is over Ray's upload limit of "
+                f"{size_text(UPLOAD_LIMIT)}: leave out what the jobs do not need with "
+                "hydra.launcher.sync_up.exclude (the biggest files are listed above)"
+            )
+    down = settings.sync_down
+    lines.append(
+        f"back: the records, the returns and the sweep dir's outputs -> "
+        f"{down.target_dir or 'the local sweep dir'}{filters_text(down)}"
+        + (
+            f", as one pack through {down.storage}"
+            if down.storage
+            else ", as one pack through the dashboard's log API"
+        )
+    )
+    plan.add("Where the jobs run", lines)
     plan.finish()
