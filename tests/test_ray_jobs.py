@@ -1033,7 +1033,9 @@ def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
     where = {"storage": f"file://{shared}", "key": "hydra-app-1.tar", "size": 10, "sha256": "0"}
     logs = f"a log line\n{PACK_MARK}{json.dumps(where)}\n"  # the driver's last line
     settings = OmegaConf.create({"sync_down": {"target_dir": None, "storage": f"file://{shared}"}})
-    book = SweepBook(tmp_path / "sweep", [], SweepSettings(False, 0, None, False))
+    from hydra_ray.core.jobs import Policy
+
+    book = SweepBook(tmp_path / "sweep", [], SweepSettings(False, False, Policy()))
     dashboard = Dashboard("http://127.0.0.1:1", {}, True)
     with pytest.raises(OutputsNotHomeError, match=r"damaged.*they stay in file://"):
         _jobs_api._bring_pack_home(

@@ -18,6 +18,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
+from hydra_plugins.hydra_ray_launcher._config import SweepRunConf
 from hydra_ray.core import records as _records
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.jobs import FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, Job, JobOutcome, Policy
@@ -53,9 +54,10 @@ def run_batch(
 
 
 def settings(**keys: Any) -> SweepSettings:
-    launcher = {"progress": False, "retries": 0, "job_timeout_s": None, "resume": False}
-    launcher.update(keys)
-    return sweep_settings(OmegaConf.create(launcher))
+    """The sweep settings of a launcher config with these keys over the face's defaults."""
+    defaults = OmegaConf.to_container(OmegaConf.structured(SweepRunConf))
+    assert isinstance(defaults, dict)  # untyped: the checks see the values as given
+    return sweep_settings(OmegaConf.create({**defaults, "progress": False, **keys}))
 
 
 def outcome(
@@ -584,8 +586,8 @@ def test_sweep_settings_refuses_invalid_values(key: str, value: float) -> None:
 
 def test_sweep_settings_accepts_valid_values() -> None:
     checked = settings(retries=2, job_timeout_s=1.5, resume=True)
-    assert checked.retries == 2
-    assert checked.job_timeout_s == 1.5
+    assert checked.policy.retries == 2
+    assert checked.policy.job_timeout_s == 1.5
     assert checked.resume is True
     assert checked.policy == Policy(retries=2, job_timeout_s=1.5)
     assert checked.live is False  # progress=false: lines, never the live display
@@ -613,6 +615,12 @@ def test_the_summary_gets_the_mode_the_umask_gives_records_and_manifest_0600(
     # They hold the overrides and configs as run, secrets too.
     for path in (tmp_path / RECORD_DIR / "sweep.json", record_path(tmp_path, 0)):
         assert oct(path.stat().st_mode & 0o777) == oct(0o600), path
+
+
+def test_the_engine_s_default_policy_is_the_launcher_keys_defaults() -> None:
+    """An engine run without a launcher (a benchmark, a test) behaves as a
+    launcher with no key set: Policy's defaults are the face's."""
+    assert settings().policy == Policy()
 
 
 def test_umask_is_known_where_proc_does_not_tell_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_ray.core.errors import Unauthentic
-from hydra_ray.core.jobs import Job, JobOutcome
+from hydra_ray.core.jobs import Job, JobOutcome, Policy
 from hydra_ray.core.records import RECORD_DIR, read_record, write_manifest, write_record
 from hydra_ray.core.wire import PACK_MARK, RETURNS
 from hydra_ray.driver import head
@@ -86,7 +86,7 @@ def _put(storage: str, name: str, data: bytes, tmp_path: Path) -> None:
 
 def _book(sweep: Path) -> SweepBook:
     """The launcher's book of a sweep resumed in `sweep` (its key derived)."""
-    book = SweepBook(sweep, ["x=1,2"], SweepSettings(True, 0, None, False))
+    book = SweepBook(sweep, ["x=1,2"], SweepSettings(True, False, Policy()))
     write_manifest(sweep, ["x=1,2"], {0: ["x=1"], 1: ["x=2"]})
     book.plan([Job(0, ["x=1"]), Job(1, ["x=2"])], dry=True)
     book.plan([Job(0, ["x=1"]), Job(1, ["x=2"])])

@@ -157,12 +157,15 @@ class EnvSetupConf:
 
 
 @dataclass
-class AWSClusterConf:
-    """Ray's cluster config (the YAML of `ray up`) with the defaults of `ray_aws`
-    (an AWS provider, m5.large nodes, ...), key for key: every key means
+class ClusterConf:
+    """Ray's cluster config (the YAML of `ray up`), key for key: every key means
     what Ray's cluster launcher docs say. Null means Ray's default for the
     provider (the key is not passed to Ray). Add any other key of Ray's schema
-    with `+hydra.launcher.ray.cluster.KEY=VALUE` (e.g. rsync_exclude)."""
+    with `+hydra.launcher.ray.cluster.KEY=VALUE` (e.g. rsync_exclude). As
+    `ray_cluster` has it, no defaults of its own: a null key takes its value
+    from `hydra.launcher.cluster_yaml` if given, else Ray's default for the
+    provider (e.g. Ray's plain `ray start` commands); the dict keys are merged
+    key by key on top of cluster_yaml's."""
 
     # Names the cluster's nodes: a second launch with the same name reuses them.
     # null: a name unique to the multirun, hydra-<app name>-<8 hex> (set one to
@@ -170,14 +173,58 @@ class AWSClusterConf:
     cluster_name: str | None = None
     # Legacy global minimum of workers; Ray now reads min_workers per node type
     # (except for provider local, where it is the number of worker_ips to use).
-    min_workers: int | None = 0
+    min_workers: int | None = None
     # How fast the autoscaler adds nodes: up to this times the current number at once.
-    upscaling_speed: float | None = 1.0
+    upscaling_speed: float | None = None
     # Most worker nodes at once, all node types together.
-    max_workers: int | None = 1
+    max_workers: int | None = None
     # Idle workers are removed after this many minutes.
-    idle_timeout_minutes: float | None = 5
+    idle_timeout_minutes: float | None = None
     # Run Ray and the jobs in this image's container; image '' means no docker.
+    docker: Any = None
+    # The cloud or machines the nodes come from: `type` (aws, gcp, azure, local,
+    # ...) and that provider's keys (local: head_ip, worker_ips). Required by
+    # `ray_cluster`: at least `type`, e.g. provider local with head_ip and worker_ips.
+    provider: Any = None
+    # How Ray logs in to the nodes: ssh_user, ssh_private_key, ssh_proxy_command.
+    auth: Any = None
+    # Node types by name: node_config (the provider's instance settings), resources,
+    # min_workers and max_workers of that type.
+    available_node_types: Any = None
+    # The entry of available_node_types the head is made of.
+    head_node_type: str | None = None
+    # Remote path -> local path, copied to every node before the setup commands.
+    file_mounts: dict[str, Any] = field(default_factory=dict)
+    # Run on every node before anything else (outside the docker container).
+    initialization_commands: list[str] | None = None
+    # Paths on the head copied to every worker.
+    cluster_synced_files: list[str] | None = None
+    # Run on every node; env_setup's commands come first.
+    setup_commands: list[str] | None = None
+    head_setup_commands: list[str] | None = None
+    worker_setup_commands: list[str] | None = None
+    head_start_ray_commands: list[str] | None = None
+    worker_start_ray_commands: list[str] | None = None
+    # Legacy keys of older Ray versions, accepted so that old configs still load;
+    # current Ray's schema rejects them, so they are dropped with a warning.
+    initial_workers: int | None = None
+    autoscaling_mode: str | None = None
+    target_utilization_fraction: float | None = None
+
+
+# `ray_cluster`'s: the keys with no defaults of their own.
+GenericClusterConf = ClusterConf
+
+
+@dataclass
+class AWSClusterConf(ClusterConf):
+    """The cluster config with the defaults of `ray_aws`: an AWS provider,
+    m5.large nodes, spot workers, Ray's usual start commands."""
+
+    min_workers: int | None = 0
+    upscaling_speed: float | None = 1.0
+    max_workers: int | None = 1
+    idle_timeout_minutes: float | None = 5
     docker: dict[str, Any] = field(
         default_factory=lambda: {
             "image": "",
@@ -186,8 +233,6 @@ class AWSClusterConf:
             "run_options": [],
         }
     )
-    # The cloud or machines the nodes come from: `type` (aws, gcp, azure, local,
-    # ...) and that provider's keys (local: head_ip, worker_ips).
     provider: dict[str, Any] = field(
         default_factory=lambda: {
             "type": "aws",
@@ -199,10 +244,7 @@ class AWSClusterConf:
             "key_pair": {"key_name": "hydra-${oc.env:USER,user}"},
         }
     )
-    # How Ray logs in to the nodes: ssh_user, ssh_private_key, ssh_proxy_command.
     auth: dict[str, Any] = field(default_factory=lambda: {"ssh_user": "ubuntu"})
-    # Node types by name: node_config (the provider's instance settings), resources,
-    # min_workers and max_workers of that type.
     available_node_types: dict[str, Any] = field(
         default_factory=lambda: {
             "ray.head.default": {
@@ -221,15 +263,9 @@ class AWSClusterConf:
             },
         }
     )
-    # The entry of available_node_types the head is made of.
     head_node_type: str | None = "ray.head.default"
-    # Remote path -> local path, copied to every node before the setup commands.
-    file_mounts: dict[str, Any] = field(default_factory=dict)
-    # Run on every node before anything else (outside the docker container).
     initialization_commands: list[str] | None = field(default_factory=list)
-    # Paths on the head copied to every worker.
     cluster_synced_files: list[str] | None = field(default_factory=list)
-    # Run on every node; env_setup's commands come first.
     setup_commands: list[str] | None = field(default_factory=list)
     head_setup_commands: list[str] | None = field(default_factory=list)
     worker_setup_commands: list[str] | None = field(default_factory=list)
@@ -246,38 +282,6 @@ class AWSClusterConf:
             "ulimit -n 65536; ray start --address=$RAY_HEAD_IP:6379 --object-manager-port=8076",
         ]
     )
-    # Legacy keys of older Ray versions, accepted so that old configs still load;
-    # current Ray's schema rejects them, so they are dropped with a warning.
-    initial_workers: int | None = None
-    autoscaling_mode: str | None = None
-    target_utilization_fraction: float | None = None
-
-
-@dataclass
-class GenericClusterConf(AWSClusterConf):
-    """Ray's cluster config for `ray_cluster`: no defaults of its own. A null key
-    takes its value from `hydra.launcher.cluster_yaml` if given, else Ray's
-    default for the provider (e.g. Ray's plain `ray start` commands); the dict
-    keys are merged key by key on top of cluster_yaml's."""
-
-    cluster_name: str | None = None
-    min_workers: int | None = None
-    upscaling_speed: float | None = None
-    max_workers: int | None = None
-    idle_timeout_minutes: float | None = None
-    docker: Any = None
-    # Required: set at least `type`, e.g. provider local with head_ip and worker_ips.
-    provider: Any = None
-    auth: Any = None
-    available_node_types: Any = None
-    head_node_type: str | None = None
-    initialization_commands: list[str] | None = None
-    cluster_synced_files: list[str] | None = None
-    setup_commands: list[str] | None = None
-    head_setup_commands: list[str] | None = None
-    worker_setup_commands: list[str] | None = None
-    head_start_ray_commands: list[str] | None = None
-    worker_start_ray_commands: list[str] | None = None
 
 
 @dataclass
@@ -285,7 +289,7 @@ class RayClusterRayConf(RayConf):
     """The `ray` node of the cluster launchers. `init` and `remote` apply to the
     jobs' Ray on the cluster, as with the `ray` launcher."""
 
-    cluster: AWSClusterConf = field(default_factory=AWSClusterConf)
+    cluster: ClusterConf = field(default_factory=AWSClusterConf)
     # Where the launcher's commands on the head run: auto (in the docker
     # container if docker is used, else on the host), host, or docker.
     run_env: str = "auto"
@@ -393,9 +397,7 @@ class RayClusterLauncherConf(RayAWSLauncherConf):
     """The `ray_cluster` launcher: the same launcher for any provider of Ray's
     cluster launcher (local machines, gcp, azure, aws, ...), without AWS defaults."""
 
-    ray: RayClusterRayConf = field(
-        default_factory=lambda: RayClusterRayConf(cluster=GenericClusterConf())
-    )
+    ray: RayClusterRayConf = field(default_factory=lambda: RayClusterRayConf(cluster=ClusterConf()))
     # A Ray cluster YAML file (as for `ray up`), relative to the working dir or
     # absolute: the base of the cluster config. Keys set in ray.cluster win over
     # the file's; dicts (provider, auth, ...) are merged key by key.

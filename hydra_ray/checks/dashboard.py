@@ -34,7 +34,7 @@ def dashboard_problems(settings: DictConfig) -> list[ConfigError]:
             )
         )
     problems += reconnect_problems(settings)
-    stop_wait, grace = settings.stop_wait_s, settings.get("stop_grace_s", 10.0)
+    stop_wait, grace = settings.stop_wait_s, settings.stop_grace_s
     numbers = isinstance(grace, (int, float)) and isinstance(stop_wait, (int, float))
     if numbers and stop_wait < grace + 5:
         problems.append(

@@ -100,7 +100,7 @@ def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "limit" + (" (not inf)" if timeout == math.inf else "")
             )
         )
-    grace = launcher_cfg.get("stop_grace_s", 10.0)
+    grace = launcher_cfg.stop_grace_s
     if not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
         problems.append(
             ConfigError(
@@ -109,7 +109,7 @@ def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "finite number >= 0; 0: cancel at once)"
             )
         )
-    cap = launcher_cfg.get("max_concurrent_jobs")
+    cap = launcher_cfg.max_concurrent_jobs
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         problems.append(
             ConfigError(

@@ -27,8 +27,10 @@ class Job:
 
 @dataclass(frozen=True)
 class Policy:
-    """How the engine treats failing and slow jobs (hydra.launcher.retries and
-    hydra.launcher.job_timeout_s)."""
+    """How the engine treats failing and slow jobs: the launcher keys of the
+    same names (`launch.sweep.sweep_settings` reads them). The defaults, for
+    an engine run without a launcher (tests, benchmarks), are the face's
+    (a test holds them equal)."""
 
     # Runs a job again this many times at most when its task function raises.
     retries: int = 0

@@ -254,7 +254,7 @@ def dashboard_for(settings: DictConfig) -> Dashboard:
     if any(k.lower() in _AUTH_HEADERS for k in given):  # the user's own: sent as it is
         return Dashboard(address, given, verify, token_from="hydra.launcher.headers")
     token, token_from = _found_token()
-    over_http = bool(settings.get("token_over_http", False))
+    over_http = bool(settings.token_over_http)
     return Dashboard(address, given, verify, token, token_from, over_http)
 
 

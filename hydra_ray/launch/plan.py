@@ -152,14 +152,15 @@ def _unresolvable(cfg: DictConfig) -> str | None:
 
 def plan_settings(plan: Plan, checked: "SweepSettings", sweep_dir: Path) -> None:
     """The keys that shape the run, already checked."""
-    timeout = f"{checked.job_timeout_s:g} s" if checked.job_timeout_s else "none"
-    cap = checked.max_concurrent_jobs
+    policy = checked.policy
+    timeout = f"{policy.job_timeout_s:g} s" if policy.job_timeout_s else "none"
+    cap = policy.max_concurrent_jobs
     plan.add(
         "Settings",
         [
             f"sweep dir: {sweep_dir.absolute()}",
-            f"job_timeout_s: {timeout}; retries (a job that raises): {checked.retries}",
-            f"stop_grace_s: {checked.stop_grace_s:g} s; retry_timed_out: {checked.retry_timed_out}",
+            f"job_timeout_s: {timeout}; retries (a job that raises): {policy.retries}",
+            f"stop_grace_s: {policy.stop_grace_s:g} s; retry_timed_out: {policy.retry_timed_out}",
             f"max_concurrent_jobs: {cap if cap is not None else 'as many as the resources allow'}",
             f"progress: {'live display' if checked.live else 'one line per job event'}",
             f"resume: {checked.resume}",

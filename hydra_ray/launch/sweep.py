@@ -52,25 +52,12 @@ log = redacting_logger(__name__)
 
 @dataclass(frozen=True)
 class SweepSettings:
-    """The launcher keys that shape a sweep's run, checked."""
+    """The launcher keys that shape a sweep's run, checked: how its jobs are
+    shown and run, and whether it resumes an earlier run."""
 
     progress: bool
-    retries: int
-    job_timeout_s: float | None
     resume: bool
-    max_concurrent_jobs: int | None = None
-    stop_grace_s: float = 10.0
-    retry_timed_out: bool = False
-
-    @property
-    def policy(self) -> Policy:
-        return Policy(
-            retries=self.retries,
-            job_timeout_s=self.job_timeout_s,
-            max_concurrent_jobs=self.max_concurrent_jobs,
-            stop_grace_s=self.stop_grace_s,
-            retry_timed_out=self.retry_timed_out,
-        )
+    policy: Policy
 
     @property
     def live(self) -> bool:
@@ -88,16 +75,15 @@ def task_overrides(config: DictConfig) -> list[str]:
 def sweep_settings(launcher: DictConfig) -> SweepSettings:
     """The settings, checked (`checks.validate.settings_problems`). Raises ConfigError."""
     refuse(settings_problems(launcher))
-    retries, timeout = launcher.retries, launcher.job_timeout_s
-    return SweepSettings(
-        progress=bool(launcher.progress),
-        retries=int(retries),
+    timeout, cap = launcher.job_timeout_s, launcher.max_concurrent_jobs
+    policy = Policy(
+        retries=int(launcher.retries),
         job_timeout_s=None if timeout is None else float(timeout),
-        resume=bool(launcher.resume),
-        max_concurrent_jobs=launcher.get("max_concurrent_jobs"),
-        stop_grace_s=float(launcher.get("stop_grace_s", 10.0)),
-        retry_timed_out=bool(launcher.get("retry_timed_out", False)),
+        max_concurrent_jobs=None if cap is None else int(cap),
+        stop_grace_s=float(launcher.stop_grace_s),
+        retry_timed_out=bool(launcher.retry_timed_out),
     )
+    return SweepSettings(bool(launcher.progress), bool(launcher.resume), policy)
 
 
 class SweepBook:
