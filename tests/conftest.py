@@ -1,5 +1,6 @@
-"""Shared fixtures: one real Ray for the whole test session, and a runner for
-Hydra apps as subprocesses."""
+"""Shared fixtures: one real Ray for the whole test session, and runners for
+Hydra apps as subprocesses: to the end (`run_app`, `run_in_pty`) or started and
+followed as they run (`AppProcess`)."""
 
 import contextlib
 import fcntl
@@ -14,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 import termios
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,12 +112,10 @@ def run_python(
     timeout: float = 180,
 ) -> AppRun:
     """Run `python <args>` as `run_app` does (`-m pkg.app --multirun ...`, say)."""
-    env = {**os.environ, **(env or {})}
-    env = {k: v for k, v in env.items() if k not in unset}
     res = subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
-        env=env,
+        env=_app_env(env, unset),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -135,6 +135,11 @@ def run_app_in_pty(
         columns=columns,
         timeout=timeout,
     )
+
+
+def _app_env(env: dict[str, str] | None, unset: tuple[str, ...]) -> dict[str, str]:
+    """This process's environment plus `env`, without the variables in `unset`."""
+    return {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
 
 
 def run_in_pty(
@@ -179,6 +184,118 @@ def run_in_pty(
     finally:
         os.close(master)
     return AppRun(proc.wait(timeout=30), b"".join(chunks).decode(errors="replace"))
+
+
+class AppProcess:
+    """An app started as a user's terminal starts it: in a session (so a process
+    group) of its own, its stdout and stderr (a user sees both) read as they
+    come. As a context manager its exit kills the whole group, the app and what
+    it started, on every path of the test."""
+
+    def __init__(
+        self, cmd: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None
+    ) -> None:
+        """`cmd` in `cwd`, in `env` (this process's environment if None)."""
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        self.lines.extend(self.proc.stdout)
+
+    def __enter__(self) -> "AppProcess":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.kill()
+
+    @property
+    def pid(self) -> int:
+        """The app's pid: the id of its session and of its process group."""
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    @property
+    def output(self) -> str:
+        """All it has written so far."""
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 120) -> None:
+        """Until `text` is in the output; fails if the app exits first or `timeout` passes."""
+        self.wait_until(lambda: text in self.output, timeout, repr(text))
+
+    def wait_until(
+        self, done: Callable[[], bool], timeout: float = 120, what: str = "the condition"
+    ) -> None:
+        """Until `done()`, polled while the app runs; fails if the app exits first
+        or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert self.proc.poll() is None, f"exited before {what}:\n{self.output}"
+            assert time.monotonic() < deadline, f"no {what} in {timeout} s:\n{self.output}"
+            time.sleep(0.2)
+
+    def send(self, sig: int) -> None:
+        """`sig` to the app alone (as `kill -SIG PID`)."""
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 120) -> int:
+        """The app's exit code, once it has exited and its output is read."""
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+    def end(self, sig: int, timeout: float = 120) -> str:
+        """Send `sig`, wait for the end (the group killed if it does not come in
+        `timeout`); the whole output."""
+        try:
+            self.send(sig)
+            self.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.kill_group()
+        self._reader.join(timeout=10)
+        return self.output
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """`sig` to every process of the app's group (a closed terminal's kill -9)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """The whole group killed, the app reaped: nothing of it left running."""
+        self.kill_group()
+        self.proc.wait()
+        self._reader.join(timeout=10)
+
+
+def start_app(
+    app: str,
+    *overrides: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
+) -> AppProcess:
+    """`python tests/apps/<app> --multirun <overrides>` started as `AppProcess`,
+    in the environment `run_app` gives it."""
+    return AppProcess(
+        [sys.executable, str(APPS / app), "--multirun", *overrides],
+        cwd=cwd,
+        env=_app_env(env, unset),
+    )
 
 
 def free_port() -> int:

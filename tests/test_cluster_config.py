@@ -33,6 +33,18 @@ from .conftest import APPS
 
 PY_MICRO = ".".join(map(str, sys.version_info[:3]))
 
+# The long-sweep keys, as every launcher prints them.
+LONG_SWEEP_DEFAULTS: dict[str, Any] = {
+    "progress": True,
+    "job_timeout_s": None,
+    "max_concurrent_jobs": None,
+    "stop_grace_s": 10.0,
+    "retry_timed_out": False,
+    "retries": 0,
+    "resume": False,
+    "dry_run": False,
+}
+
 # S10, as `--cfg hydra -p hydra.launcher` prints it for ray_aws (ray.init and
 # ray.remote are checked apart: every key null).
 RAY_AWS_DEFAULTS: dict[str, Any] = {
@@ -120,14 +132,7 @@ RAY_AWS_DEFAULTS: dict[str, Any] = {
     "reconnect_s": 120.0,
     "autodown_minutes": 60.0,
     # Long sweeps (beyond the guide): as for the `ray` launcher.
-    "progress": True,
-    "job_timeout_s": None,
-    "max_concurrent_jobs": None,
-    "stop_grace_s": 10.0,
-    "retry_timed_out": False,
-    "retries": 0,
-    "resume": False,
-    "dry_run": False,
+    **LONG_SWEEP_DEFAULTS,
 }
 
 
@@ -623,18 +628,7 @@ def test_the_guides_logging_values_pass() -> None:
 
 def test_ray_prints_the_long_sweep_keys_with_their_defaults(tmp_path: Path) -> None:
     printed = _printed_launcher("ray", cwd=tmp_path)
-    keys = ["progress", "job_timeout_s", "max_concurrent_jobs", "stop_grace_s", "retry_timed_out"]
-    keys += ["retries", "resume", "dry_run"]
-    assert {k: printed[k] for k in keys} == {
-        "progress": True,
-        "job_timeout_s": None,
-        "max_concurrent_jobs": None,
-        "stop_grace_s": 10.0,
-        "retry_timed_out": False,
-        "retries": 0,
-        "resume": False,
-        "dry_run": False,
-    }
+    assert {k: printed[k] for k in LONG_SWEEP_DEFAULTS} == LONG_SWEEP_DEFAULTS
 
 
 def test_the_plugin_ships_with_the_rich_that_draws_the_heads_display(tmp_path: Path) -> None:

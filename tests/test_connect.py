@@ -7,8 +7,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import APPS, AppRun, free_port, processes_in_session, ray_head, run_app
+from .conftest import AppRun, free_port, processes_in_session, ray_head, run_app, start_app
 
 # Not in a fresh shell; the session's own `ray.init()` sets RAY_AUTH_MODE here.
 FRESH_SHELL = ("RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -35,6 +33,20 @@ def _home(tmp_path: Path, name: str, token: str | None) -> Path:
     if token is not None:
         (home / ".ray" / "auth_token").write_text(token)
     return home
+
+
+def _users_sweep(address: str, tmp_path: Path, token: str | None) -> AppRun:
+    """`app.py x=1,2` at `address`, its sweep dir tmp_path/s, run from a fresh
+    shell by a user whose ~/.ray holds `token` (none if None)."""
+    return run_app(
+        "app.py",
+        "x=1,2",
+        f"hydra.launcher.ray.init.address={address}",
+        f"hydra.sweep.dir={tmp_path / 's'}",
+        cwd=tmp_path,
+        env=_env(_home(tmp_path, "user", token)),
+        unset=FRESH_SHELL,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +85,7 @@ def test_this_machines_token_is_used_when_the_cluster_asks_for_one(
     token_cluster: tuple[str, str], tmp_path: Path
 ) -> None:
     address, token = token_cluster
-    res = run_app(
-        "app.py",
-        "x=1,2",
-        f"hydra.launcher.ray.init.address={address}",
-        f"hydra.sweep.dir={tmp_path / 's'}",
-        cwd=tmp_path,
-        env=_env(_home(tmp_path, "user", token)),
-        unset=FRESH_SHELL,
-    )
+    res = _users_sweep(address, tmp_path, token)
     assert res.returncode == 0, res.output
     assert "requires a token: using this machine's (RAY_AUTH_MODE=token)" in res.output
     assert "2 jobs done" in res.output
@@ -122,34 +126,17 @@ def test_ctrl_c_while_ray_starts_exits_130_at_once_and_leaves_nothing(
 ) -> None:
     # The job would sleep for 5 minutes: a launcher that waited for it, or for
     # anything else, ends by the deadline below, not by the Ctrl-C.
-    proc = subprocess.Popen(
-        [sys.executable, str(APPS / "app.py"), "--multirun", "x=1", "seconds=300"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None
-        seen = ""
-        while "Initializing ray" not in seen:
-            line = proc.stdout.readline()
-            assert line, seen
-            seen += line
+    with start_app("app.py", "x=1", "seconds=300", cwd=tmp_path) as run:
+        run.wait_for("Initializing ray")
         time.sleep(after_s)
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode in (130, -signal.SIGINT), seen + output
-    assert list(tmp_path.rglob("done_*")) == [], output
-    deadline = time.monotonic() + 5
-    while processes_in_session(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = processes_in_session(proc.pid)
-    assert left == [], "\n".join(left)
+        output = run.end(signal.SIGINT)
+        assert run.returncode in (130, -signal.SIGINT), output
+        assert list(tmp_path.rglob("done_*")) == [], output
+        deadline = time.monotonic() + 5
+        while processes_in_session(run.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = processes_in_session(run.pid)
+        assert left == [], "\n".join(left)
 
 
 # On the head: the first per-client server of its Ray Client server dies at
@@ -247,15 +234,7 @@ def _sweep_through_ray_client(tmp_path: Path, head_env: dict[str, str]) -> tuple
     head_temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths
     try:
         with ray_head(head_env, client_port=client_port, temp_dir=head_temp):
-            res = run_app(
-                "app.py",
-                "x=1,2",
-                f"hydra.launcher.ray.init.address=ray://127.0.0.1:{client_port}",
-                f"hydra.sweep.dir={tmp_path / 's'}",
-                cwd=tmp_path,
-                env=_env(_home(tmp_path, "user", None)),
-                unset=FRESH_SHELL,
-            )
+            res = _users_sweep(f"ray://127.0.0.1:{client_port}", tmp_path, None)
         return res, _client_server_logs(Path(head_temp))
     finally:
         shutil.rmtree(head_temp, ignore_errors=True)

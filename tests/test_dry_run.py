@@ -4,9 +4,6 @@ cluster, no upload, no record), exit 0 only when the plan holds. The AWS checks
 run against moto, on loopback: EC2's DryRun says whether the node types may launch."""
 
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +13,7 @@ import pytest
 from hydra_ray.launch.plan import ec2_dry_run_refusal
 
 from .cluster_harness.moto import MotoServer, moto_server
-from .conftest import APPS, AppRun, processes_in_session, run_app
+from .conftest import AppRun, processes_in_session, run_app, start_app
 
 DRY = "hydra.launcher.dry_run=true"
 MOTO_AMI = "ami-12c6146b"  # one of the images moto knows
@@ -24,23 +21,11 @@ MOTO_AMI = "ami-12c6146b"  # one of the images moto knows
 
 def _dry_run(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> AppRun:
     """The app in a session of its own; after it exits, nothing of that session lives."""
-    proc = subprocess.Popen(
-        [sys.executable, str(APPS / "app.py"), "--multirun", *overrides],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    left = processes_in_session(proc.pid)
-    assert left == [], "\n".join(left)
-    return AppRun(proc.returncode, output)
+    with start_app("app.py", *overrides, cwd=cwd, env=env) as run:
+        code = run.wait(timeout=120)
+        left = processes_in_session(run.pid)
+        assert left == [], "\n".join(left)
+    return AppRun(code, run.output)
 
 
 def _nothing_written(sweep: Path) -> None:

@@ -33,7 +33,7 @@ class UnpickleProbe:
             f.write(f"{os.getpid()}\n")
 
 
-def _sweep(runner: TSweepRunner, task: Any, tmp_path: Path, *overrides: str) -> Any:
+def sweep_in_process(runner: TSweepRunner, task: Any, tmp_path: Path, *overrides: str) -> Any:
     """Hydra's test sweep of its `compose.yaml` app with `task`, on `ray`; its
     sweep dir, under `tmp_path`, is removed when the sweep exits."""
     return runner(
@@ -57,7 +57,7 @@ def test_shared_state_is_unpickled_once_per_worker_not_per_job(
         assert probe.path  # the task function, and so the probe, is shared state
         return os.getpid()
 
-    sweep = _sweep(hydra_sweep_runner, task, tmp_path, "+a=0,1,2,3,4,5,6,7")
+    sweep = sweep_in_process(hydra_sweep_runner, task, tmp_path, "+a=0,1,2,3,4,5,6,7")
     with sweep:
         assert sweep.returns is not None
         job_pids = [r.return_value for r in sweep.returns[0]]
@@ -102,7 +102,9 @@ def test_a_big_sweep_keeps_a_bounded_number_of_jobs_in_flight_and_loses_none(
             raise ValueError(f"job {cfg.a} fails its first attempt")
         return int(cfg.a) * 2
 
-    sweep = _sweep(hydra_sweep_runner, task, tmp_path, "hydra.launcher.retries=1", "+a=range(0,40)")
+    sweep = sweep_in_process(
+        hydra_sweep_runner, task, tmp_path, "hydra.launcher.retries=1", "+a=range(0,40)"
+    )
     with sweep:
         assert sweep.returns is not None
         returns = sweep.returns[0]
@@ -123,7 +125,7 @@ def test_the_sweeper_gets_each_jobs_configs_pickled_until_it_reads_them(
     def task(cfg: DictConfig) -> int:
         return int(cfg.a) + 1
 
-    sweep = _sweep(hydra_sweep_runner, task, tmp_path, "+a=0,1,2")
+    sweep = sweep_in_process(hydra_sweep_runner, task, tmp_path, "+a=0,1,2")
     with sweep:
         assert sweep.returns is not None
         returns = sweep.returns[0]

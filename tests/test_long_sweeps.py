@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import APPS, SMALL_RAY, run_app, run_app_in_pty
+from .conftest import APPS, SMALL_RAY, run_app, run_app_in_pty, start_app
 
 ESCAPE = "\x1b"
 
@@ -188,14 +188,6 @@ def test_without_retries_a_job_that_raises_once_fails(ray_session: str, tmp_path
     assert _jobs(sweep)[0]["status"] == "failed" and _runs(sweep / "0", 0) == 1
 
 
-def _wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout} s for {what}")
-        time.sleep(0.2)
-
-
 def test_an_interrupted_sweep_resumes_without_running_finished_jobs_again(
     ray_session: str, tmp_path: Path
 ) -> None:
@@ -210,34 +202,18 @@ def test_an_interrupted_sweep_resumes_without_running_finished_jobs_again(
         f"hydra.launcher.ray.init.address={ray_session}",
         "hydra.launcher.stop_grace_s=1",  # the sleeping jobs see no KeyboardInterrupt
     ]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(APPS / "app.py"),
-            "--multirun",
-            *overrides,
-            f"hydra.sweep.dir={sweep}",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    with start_app("app.py", *overrides, f"hydra.sweep.dir={sweep}", cwd=tmp_path) as run:
         records = sweep / ".hydra_ray"
         # Jobs #0 and #1 finished (the launcher recorded them); slow ones are running.
-        _wait_for(
+        run.wait_until(
             lambda: (records / "job_0.pkl").exists() and (records / "job_1.pkl").exists(),
             120,
             "jobs #0 and #1",
         )
-        _wait_for(lambda: (out / "started_2").exists(), 60, "job #2 to start")
+        run.wait_until(lambda: (out / "started_2").exists(), 60, "job #2 to start")
         time.sleep(1)  # its start event reaches the driver
-        proc.send_signal(signal.SIGINT)
-        first, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode != 0
+        first = run.end(signal.SIGINT, timeout=60)
+    assert run.returncode != 0
     interrupted = _jobs(sweep)
     assert [interrupted[i]["status"] for i in (0, 1)] == ["succeeded", "succeeded"]
     assert {interrupted[i]["status"] for i in range(2, 6)} == {"interrupted"}

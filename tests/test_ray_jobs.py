@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import venv
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,7 +36,16 @@ from hydra_ray.infra.scratch import machine_tag
 from hydra_ray.launch.sweep import SweepBook, SweepSettings
 
 from .cluster_harness.moto import MotoServer, moto_server
-from .conftest import APPS, AppRun, free_port, ray_head, run_app, sweep_key_of
+from .conftest import (
+    APPS,
+    AppProcess,
+    AppRun,
+    free_port,
+    ray_head,
+    run_app,
+    start_app,
+    sweep_key_of,
+)
 from .port_forward import port_forward
 from .real_code import ran_as_its_script
 
@@ -70,7 +79,7 @@ def dashboard(head_dashboard_port: int) -> Iterator[str]:
         yield f"http://127.0.0.1:{forwarded}"
 
 
-def _sweep(
+def _sweep_on_ray_jobs(
     dashboard: str,
     tmp_path: Path,
     *overrides: str,
@@ -98,7 +107,7 @@ def test_a_sweep_runs_as_one_ray_job_and_everything_comes_home(
     # hydra.job.env_copy copies variables of the environment that composes a
     # job's config: here, this machine's (the cluster's lacks this one, and
     # composing there would fail), so the jobs' configs are composed here.
-    res = _sweep(
+    res = _sweep_on_ray_jobs(
         dashboard,
         tmp_path,
         "x=1,2,3",
@@ -144,7 +153,7 @@ def test_a_sweep_dir_out_of_the_working_dir_lives_in_the_ray_job_s_dir_and_comes
     the summary and the records name ../elsewhere."""
     app = tmp_path / "app"
     app.mkdir()
-    res = _sweep(dashboard, app, "x=1,2", sweep_dir="../elsewhere")
+    res = _sweep_on_ray_jobs(dashboard, app, "x=1,2", sweep_dir="../elsewhere")
     assert res.returncode == 0, res.output
     sweep = tmp_path / "elsewhere"
     for num in range(2):
@@ -167,19 +176,23 @@ def test_the_driver_runs_under_the_python_of_the_cluster_s_ray_or_the_one_named(
     bare = tmp_path / "bare"
     venv.create(bare, with_pip=False)
     python = bare / "bin" / "python"
-    res = _sweep(dashboard, tmp_path, "x=1", f"hydra.launcher.entrypoint_python={python}")
+    res = _sweep_on_ray_jobs(
+        dashboard, tmp_path, "x=1", f"hydra.launcher.entrypoint_python={python}"
+    )
     assert res.returncode != 0, res.output
     assert f"The cluster's Python ({python}) has no module" in res.output, res.output
     assert "hydra.launcher.entrypoint_python" in res.output, res.output
     assert not (tmp_path / "sweep" / "0" / "done_0.json").exists()
     # A Python that is not there at all: named, with the key to set.
-    res = _sweep(dashboard, tmp_path, "x=1", "hydra.launcher.entrypoint_python=/nowhere/python")
+    res = _sweep_on_ray_jobs(
+        dashboard, tmp_path, "x=1", "hydra.launcher.entrypoint_python=/nowhere/python"
+    )
     assert res.returncode != 0, res.output
     assert "The cluster's Python (/nowhere/python) is not there on the head" in res.output
     # And the one of the cluster's Ray: this venv's, although the head's PATH leads elsewhere.
     again = tmp_path / "again"
     again.mkdir()
-    res = _sweep(dashboard, again, "x=2")
+    res = _sweep_on_ray_jobs(dashboard, again, "x=2")
     assert res.returncode == 0, res.output
     assert (again / "sweep" / "0" / "done_0.json").is_file(), res.output
 
@@ -210,7 +223,7 @@ def test_a_cleanup_the_network_drops_leaves_the_sweep_done_and_names_what_stays(
         return sent.startswith(b"POST /api/jobs/") and b'-cleanup"' in sent
 
     with port_forward(head_dashboard_port, cut=cleanup) as port:
-        res = _sweep(f"http://127.0.0.1:{port}", tmp_path, "x=1,2")
+        res = _sweep_on_ray_jobs(f"http://127.0.0.1:{port}", tmp_path, "x=1,2")
     assert res.returncode == 0, res.output  # everything is home: the sweep succeeded
     sweep = tmp_path / "sweep"
     for num in range(2):
@@ -239,7 +252,7 @@ def test_an_upload_the_network_drops_is_named_and_a_resume_submits_the_sweep(
         head_dashboard_port, cut=lambda sent: sent.startswith(b"PUT /api/packages/")
     ) as port:
         lost = f"http://127.0.0.1:{port}"
-        res = _sweep(lost, tmp_path, "x=1,2")
+        res = _sweep_on_ray_jobs(lost, tmp_path, "x=1,2")
     assert res.returncode != 0
     assert f"Lost the dashboard at {lost} while submitting the sweep as Ray job" in res.output
     assert "hydra.launcher.resume=true submits it again" in res.output
@@ -247,64 +260,26 @@ def test_an_upload_the_network_drops_is_named_and_a_resume_submits_the_sweep(
     sweep = tmp_path / "sweep"
     assert not list(sweep.glob("*/done_*.json"))
     # Once the network is back, the resume submits it and it runs to the end.
-    res = _sweep(dashboard, tmp_path, "x=1,2", "hydra.launcher.resume=true")
+    res = _sweep_on_ray_jobs(dashboard, tmp_path, "x=1,2", "hydra.launcher.resume=true")
     assert res.returncode == 0, res.output
     assert "is not on the cluster" in res.output and "its jobs run again" in res.output
     for num in range(2):
         assert (sweep / str(num) / f"done_{num}.json").is_file(), res.output
 
 
-class Launching:
-    """A sweep's launching process, started in the background, its output read
-    as it comes."""
-
-    def __init__(self, dashboard: str, cwd: Path, *overrides: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in FRESH_SHELL[1:]}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(APPS / "app.py"),
-                "--multirun",
-                *overrides,
-                "hydra/launcher=ray_jobs",
-                f"hydra.launcher.address={dashboard}",
-                "hydra.sweep.dir=sweep",
-            ],
-            cwd=cwd,
-            env={**env, **USER_ENV},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        self.lines.extend(self.proc.stdout)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, done: Callable[[str], bool], timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not done(self.output):
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.output
-            time.sleep(0.2)
-
-    def end(self, sig: int, timeout: float = 120) -> str:
-        """Send `sig`, wait for the end; the whole output."""
-        try:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self._reader.join(timeout=10)
-        return self.output
+def _launching(dashboard: str, cwd: Path, *overrides: str) -> AppProcess:
+    """A sweep's launching process on ray_jobs through `dashboard`, started in
+    the background, its output read as it comes."""
+    return start_app(
+        "app.py",
+        *overrides,
+        "hydra/launcher=ray_jobs",
+        f"hydra.launcher.address={dashboard}",
+        "hydra.sweep.dir=sweep",
+        cwd=cwd,
+        env=USER_ENV,
+        unset=FRESH_SHELL[1:],
+    )
 
 
 def test_ctrl_c_stops_the_ray_job_and_brings_home_what_finished(
@@ -321,11 +296,11 @@ def test_ctrl_c_stops_the_ray_job_and_brings_home_what_finished(
         "hydra.launcher.stop_grace_s=2",  # the sleeping jobs are cancelled by force then
         f"out={runs}",
     )
-    run = Launching(dashboard, tmp_path, *sweep_args)
+    run = _launching(dashboard, tmp_path, *sweep_args)
     # Job #0 done, #1 and #2 running (60 s each): Ctrl-C.
-    run.wait_for(lambda out: "succeeded in" in out and out.count("started on") == 3)
+    run.wait_until(lambda: "succeeded in" in run.output and run.output.count("started on") == 3)
     out = run.end(signal.SIGINT)
-    assert run.proc.returncode != 0, out
+    assert run.returncode != 0, out
     assert "Ctrl-C: stopping Ray job hydra-app-" in out, out
     submission = out.split("Ctrl-C: stopping Ray job ", 1)[1].split()[0]
     client = JobSubmissionClient(dashboard)
@@ -339,7 +314,7 @@ def test_ctrl_c_stops_the_ray_job_and_brings_home_what_finished(
     assert summary["jobs"][0]["status"] == "succeeded"
     assert {j["status"] for j in summary["jobs"][1:]} == {"interrupted"}, summary
     # A resume runs the rest, not job #0 again.
-    res = _sweep(dashboard, tmp_path, *sweep_args, "hydra.launcher.resume=true")
+    res = _sweep_on_ray_jobs(dashboard, tmp_path, *sweep_args, "hydra.launcher.resume=true")
     assert res.returncode == 0, res.output
     assert "Re-attaching" not in res.output  # the stopped job's results are home
     summary = json.loads((sweep / "sweep_summary.json").read_text())
@@ -360,19 +335,19 @@ def test_a_resume_after_the_launcher_was_lost_follows_the_ray_job_again(
     with port_forward(head_dashboard_port) as port:
         dashboard = f"http://127.0.0.1:{port}"
         # Reconnects for 3 s only: the port-forward stays closed longer.
-        run = Launching(dashboard, tmp_path, *sweep_args, "hydra.launcher.reconnect_s=3")
-        run.wait_for(lambda out: "started on" in out)
+        run = _launching(dashboard, tmp_path, *sweep_args, "hydra.launcher.reconnect_s=3")
+        run.wait_for("started on")
         if lost != "port-forward closed":
             out = run.end(signal.SIGKILL)  # kill -9: no Ctrl-C handler, nothing brought home
     if lost == "port-forward closed":  # every connection through it cut
-        assert run.proc.wait(timeout=120) != 0, run.output
+        assert run.wait(timeout=120) != 0, run.output
         out = run.end(signal.SIGKILL)
         assert f"Lost the dashboard at {dashboard} while following Ray job" in out, out
         assert "tried again for 3 s, hydra.launcher.reconnect_s" in out, out
         assert "the sweep goes on on the cluster" in out and "Traceback" not in out
     assert "hydra.launcher.resume=true follows it again" in out, out
     # A kill -9 runs no cleanup: the launcher's scratch dir (its staged package) stays...
-    scratch = f"hydra-ray-jobs-{machine_tag()}-{run.proc.pid}-*"
+    scratch = f"hydra-ray-jobs-{machine_tag()}-{run.pid}-*"
     left = list(Path(tempfile.gettempdir()).glob(scratch))
     assert len(left) == (0 if lost == "port-forward closed" else 1), left
     # The same port again, as when `kubectl port-forward` is started anew.
@@ -393,11 +368,11 @@ def test_a_port_forward_restarted_mid_sweep_is_followed_again_by_the_same_run(
     runs = tmp_path / "runs"
     with port_forward(head_dashboard_port) as port:
         dashboard = f"http://127.0.0.1:{port}"
-        run = Launching(dashboard, tmp_path, "x=1,2,3,4", "seconds=3", f"out={runs}")
-        run.wait_for(lambda out: "started on" in out)
+        run = _launching(dashboard, tmp_path, "x=1,2,3,4", "seconds=3", f"out={runs}")
+        run.wait_for("started on")
     time.sleep(2)
     with port_forward(head_dashboard_port, listen_port=port):
-        assert run.proc.wait(timeout=180) == 0, run.output
+        assert run.wait(timeout=180) == 0, run.output
     out = run.end(signal.SIGKILL)
     assert f"Lost the dashboard at {dashboard}" in out and "following Ray job" in out, out
     assert "again in 1 s" in out, out
@@ -426,7 +401,7 @@ def _resume_follows_the_ray_job(
         while str(client.get_job_status(submission)) != "SUCCEEDED":
             assert time.monotonic() < deadline
             time.sleep(0.5)
-    res = _sweep(dashboard, tmp_path, *sweep_args, "hydra.launcher.resume=true")
+    res = _sweep_on_ray_jobs(dashboard, tmp_path, *sweep_args, "hydra.launcher.resume=true")
     assert res.returncode == 0, res.output
     assert f"Re-attaching to Ray job {submission}" in res.output, res.output
     assert "Submitted the sweep" not in res.output
@@ -517,14 +492,16 @@ def test_a_package_over_ray_s_upload_limit_is_refused_before_the_upload(
     (code / "data").mkdir(parents=True)
     (code / "data" / "huge.bin").write_bytes(b"\0" * (101 * 2**20))
     (code / "model.py").write_text("x = 1\n")
-    res = _sweep(dashboard, tmp_path, "x=1", f"hydra.launcher.sync_up.source_dir={code}")
+    res = _sweep_on_ray_jobs(
+        dashboard, tmp_path, "x=1", f"hydra.launcher.sync_up.source_dir={code}"
+    )
     assert res.returncode != 0
     assert "over Ray's upload limit of 100 MiB" in res.output, res.output
     assert "data/huge.bin (101.0 MiB)" in res.output
     assert "hydra.launcher.sync_up.exclude" in res.output
     assert "Submitted" not in res.output and not (tmp_path / "sweep" / "0").exists()
     # With the big dir left out, the package fits and the sweep runs.
-    res = _sweep(
+    res = _sweep_on_ray_jobs(
         dashboard,
         tmp_path,
         "x=1",
@@ -816,7 +793,7 @@ def _trainer_sent(*include: str) -> list[str]:
 def test_a_job_runs_as_its_script_would_from_the_code_sent_with_the_ray_job(
     dashboard: str, tmp_path: Path
 ) -> None:
-    res = _sweep(
+    res = _sweep_on_ray_jobs(
         dashboard, tmp_path, "x=1,2", *_trainer_sent("trainer.py", "trainer.yaml"), app="trainer.py"
     )
     assert res.returncode == 0, res.output
@@ -831,7 +808,7 @@ def test_a_job_runs_as_its_script_would_from_the_code_sent_with_the_ray_job(
 def test_a_script_that_sync_up_leaves_out_is_named_and_its_jobs_still_pickle(
     dashboard: str, tmp_path: Path
 ) -> None:
-    res = _sweep(
+    res = _sweep_on_ray_jobs(
         dashboard,
         tmp_path,
         "x=1",
@@ -850,7 +827,7 @@ def test_each_job_gets_the_cpus_its_own_config_asks_for_on_the_cluster(
 ) -> None:
     """hydra.launcher.ray.remote.num_cpus: ${model.cpus}, resolved per job by the
     driver on the cluster (the head has 2 CPUs and no GPU: GPUs and disks off)."""
-    res = _sweep(
+    res = _sweep_on_ray_jobs(
         dashboard,
         tmp_path,
         "model=small,large",
@@ -973,17 +950,17 @@ def test_a_storage_lost_mid_sweep_sends_the_pack_through_the_dashboard(
         server.client("s3").create_bucket(Bucket=BUCKET)
         for key in _CREDENTIALS:
             monkeypatch.setenv(key, server.env[key])
-        run = Launching(
+        run = _launching(
             dashboard,
             tmp_path,
             "x=1,2",
             "seconds=3",
             *_storage_overrides(server, _s3_uri(server)),
         )
-        run.wait_for(lambda out: "started on" in out)
+        run.wait_for("started on")
         stack.close()  # S3 goes away while the jobs run: the driver cannot put the pack
         try:
-            assert run.proc.wait(timeout=240) == 0, run.output
+            assert run.wait(timeout=240) == 0, run.output
         finally:
             out = run.end(signal.SIGKILL)
     assert "could not be put in sync_down.storage" in out, out
@@ -1144,7 +1121,7 @@ def test_a_dashboard_without_a_job_agent_is_named_after_a_short_wait(tmp_path: P
             port = free_port()
             try:
                 with ray_head(env, dashboard_port=port, agent_port=taken.getsockname()[1]):
-                    res = _sweep(
+                    res = _sweep_on_ray_jobs(
                         f"http://127.0.0.1:{port}", tmp_path, "x=1", "hydra.launcher.agent_wait_s=3"
                     )
                 break

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from .conftest import APPS, SMALL_RAY, processes_in_session, ray_head, run_app
+from .conftest import APPS, SMALL_RAY, processes_in_session, ray_head, run_app, start_app
 
 REPO = Path(__file__).parent.parent
 # Ray 2.60 token authentication, off for a cluster and the apps that join it.
@@ -143,41 +143,24 @@ def test_remote_resources_limit_concurrency(
 
 def test_ctrl_c_cancels_jobs_and_stops_ray(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(APPS / "app.py"),
-            "--multirun",
-            "x=1,2,3,4",
-            "seconds=120",
-            f"out={out}",
-            f"hydra.sweep.dir={tmp_path / 's'}",
-            # The sleeping jobs see no KeyboardInterrupt: their grace only delays the exit.
-            "hydra.launcher.stop_grace_s=1",
-            *SMALL_RAY,
-        ],
+    with start_app(
+        "app.py",
+        "x=1,2,3,4",
+        "seconds=120",
+        f"out={out}",
+        f"hydra.sweep.dir={tmp_path / 's'}",
+        # The sleeping jobs see no KeyboardInterrupt: their grace only delays the exit.
+        "hydra.launcher.stop_grace_s=1",
+        *SMALL_RAY,
         cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(out.glob("started_*"))) < 2:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "jobs never started"
-            time.sleep(0.2)
-        running = processes_in_session(proc.pid)
+    ) as run:
+        run.wait_until(lambda: len(list(out.glob("started_*"))) >= 2, 120, "jobs started")
+        running = processes_in_session(run.pid)
         assert any("raylet" in p for p in running), running
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert "Interrupted: cancelling 4 unfinished jobs" in output
-    time.sleep(1)  # processes killed by Ray's shutdown may take a moment to be reaped
-    assert processes_in_session(proc.pid) == []
+        output = run.end(signal.SIGINT, timeout=60)
+        assert "Interrupted: cancelling 4 unfinished jobs" in output
+        time.sleep(1)  # processes killed by Ray's shutdown may take a moment to be reaped
+        assert processes_in_session(run.pid) == []
     assert list(out.glob("done_*")) == []
 
 

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from hydra_ray.core.errors import JobError
 
 from .conftest import SMALL_RAY, AppRun, run_app
-from .test_engine import _sweep as sweep_in_process
+from .test_engine import sweep_in_process
 
 # A local Ray of its own: 3 CPUs, 2 GPUs, one "disk".
 GPU_RAY = [
@@ -25,7 +25,7 @@ GPU_RAY = [
 ]
 
 
-def _sweep(tmp_path: Path, *overrides: str, **kwargs: Any) -> AppRun:
+def _resources_sweep(tmp_path: Path, *overrides: str, **kwargs: Any) -> AppRun:
     return run_app("resources_app.py", *overrides, "hydra.sweep.dir=sweep", cwd=tmp_path, **kwargs)
 
 
@@ -35,7 +35,7 @@ def _got(sweep: Path, num: int) -> dict[str, Any]:
 
 
 def test_each_job_gets_the_resources_its_own_config_asks_for(tmp_path: Path) -> None:
-    res = _sweep(tmp_path, "model=small,large,half", *GPU_RAY)
+    res = _resources_sweep(tmp_path, "model=small,large,half", *GPU_RAY)
     assert res.returncode == 0, res.output
     sweep = tmp_path / "sweep"
     small, large, half = (_got(sweep, n) for n in range(3))
@@ -80,7 +80,7 @@ def test_a_sweep_without_per_job_values_shows_no_resources(
 def test_a_value_that_does_not_resolve_for_a_job_is_refused_before_ray_starts(
     tmp_path: Path,
 ) -> None:
-    res = _sweep(tmp_path, "model=small,nogpus,large", *GPU_RAY, timeout=120)
+    res = _resources_sweep(tmp_path, "model=small,nogpus,large", *GPU_RAY, timeout=120)
     assert res.returncode != 0
     out = res.output
     assert (
@@ -94,7 +94,7 @@ def test_a_value_that_does_not_resolve_for_a_job_is_refused_before_ray_starts(
 
 
 def test_a_set_of_resources_no_node_has_is_refused_before_any_job_runs(tmp_path: Path) -> None:
-    res = _sweep(tmp_path, "model=small,huge", *GPU_RAY, timeout=120)
+    res = _resources_sweep(tmp_path, "model=small,huge", *GPU_RAY, timeout=120)
     assert res.returncode != 0
     out = res.output
     assert "No node can run job #1 on this Ray" in out, out
@@ -104,7 +104,7 @@ def test_a_set_of_resources_no_node_has_is_refused_before_any_job_runs(tmp_path:
 
 
 def test_the_dry_run_lists_the_resources_of_each_job_and_every_problem(tmp_path: Path) -> None:
-    res = _sweep(
+    res = _resources_sweep(
         tmp_path,
         "model=small,large,half,huge,nogpus,small",
         *GPU_RAY,
@@ -208,7 +208,7 @@ def test_a_cap_that_cannot_work_is_refused_naming_the_key(tmp_path: Path, value:
 
 def test_two_jobs_that_hold_a_whole_gpu_at_once_see_different_devices(tmp_path: Path) -> None:
     """CUDA_VISIBLE_DEVICES, which a training framework reads, names each job's own GPU."""
-    res = _sweep(
+    res = _resources_sweep(
         tmp_path,
         "model=large,large",
         "seconds=2",

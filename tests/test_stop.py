@@ -4,24 +4,25 @@ work: a catchable stop (KeyboardInterrupt in the job) first, the forced cancel
 what it saved."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .conftest import APPS, AppRun, processes_in_session, run_app
+from .conftest import AppRun, processes_in_session, run_app, start_app
 
 
-def _sweep(ray_session: str, tmp_path: Path, *overrides: str) -> AppRun:
+def _one_job(ray_session: str) -> list[str]:
+    """checkpoint_app.py's overrides for one job on the session's Ray, its sweep dir `sweep`."""
+    return ["+n=1", f"hydra.launcher.ray.init.address={ray_session}", "hydra.sweep.dir=sweep"]
+
+
+def _checkpoint_sweep(ray_session: str, tmp_path: Path, *overrides: str) -> AppRun:
+    """The one job with a 3 s timeout, run to the end."""
     return run_app(
         "checkpoint_app.py",
-        "+n=1",
-        f"hydra.launcher.ray.init.address={ray_session}",
+        *_one_job(ray_session),
         "hydra.launcher.job_timeout_s=3",
-        "hydra.sweep.dir=sweep",
         *overrides,
         cwd=tmp_path,
     )
@@ -37,7 +38,7 @@ def _job(tmp_path: Path) -> dict[str, Any]:
 def test_a_job_past_its_timeout_saves_a_checkpoint_before_it_is_cancelled(
     ray_session: str, tmp_path: Path
 ) -> None:
-    res = _sweep(ray_session, tmp_path)
+    res = _checkpoint_sweep(ray_session, tmp_path)
     assert res.returncode != 0, res.output
     job_dir = tmp_path / "sweep" / "0"
     assert (job_dir / "checkpoint").is_file(), res.output
@@ -50,7 +51,7 @@ def test_a_job_past_its_timeout_saves_a_checkpoint_before_it_is_cancelled(
 def test_with_retry_timed_out_the_next_attempt_continues_from_the_checkpoint(
     ray_session: str, tmp_path: Path
 ) -> None:
-    res = _sweep(
+    res = _checkpoint_sweep(
         ray_session, tmp_path, "hydra.launcher.retry_timed_out=true", "hydra.launcher.retries=1"
     )
     assert res.returncode == 0, res.output
@@ -63,7 +64,9 @@ def test_with_retry_timed_out_the_next_attempt_continues_from_the_checkpoint(
 def test_a_job_that_ignores_the_stop_is_cancelled_by_force_after_the_grace(
     ray_session: str, tmp_path: Path
 ) -> None:
-    res = _sweep(ray_session, tmp_path, "ignore_stop=true", "hydra.launcher.stop_grace_s=2")
+    res = _checkpoint_sweep(
+        ray_session, tmp_path, "ignore_stop=true", "hydra.launcher.stop_grace_s=2"
+    )
     assert res.returncode != 0, res.output
     job_dir = tmp_path / "sweep" / "0"
     assert (job_dir / "stop_ignored").is_file(), res.output
@@ -80,38 +83,17 @@ def test_a_grace_that_cannot_work_is_refused_naming_the_key(tmp_path: Path) -> N
 
 def _interrupted(ray_session: str, tmp_path: Path, *overrides: str, presses: int = 1) -> str:
     """Ctrl-C (`presses` times, a second apart) once job #0 works; its output."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(APPS / "checkpoint_app.py"),
-            "--multirun",
-            "+n=1",
-            f"hydra.launcher.ray.init.address={ray_session}",
-            "hydra.sweep.dir=sweep",
-            *overrides,
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "sweep" / "0" / "working").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-            time.sleep(0.2)
+    with start_app("checkpoint_app.py", *_one_job(ray_session), *overrides, cwd=tmp_path) as run:
+        working = tmp_path / "sweep" / "0" / "working"
+        run.wait_until(working.exists, 120, "job #0 working")
         for press in range(presses):
             if press:
                 time.sleep(1)
-            proc.send_signal(signal.SIGINT)
+            run.send(signal.SIGINT)
         # The app works for 60 s: an exit before then is the stop's doing.
-        output, _ = proc.communicate(timeout=50)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0, output
-    assert processes_in_session(proc.pid) == []
+        assert run.wait(timeout=50) != 0, run.output
+        output = run.output
+        assert processes_in_session(run.pid) == []
     return output
 
 
@@ -125,12 +107,7 @@ def test_ctrl_c_lets_a_running_job_save_a_checkpoint_and_a_resume_continues_from
     assert not (job_dir / "done").exists()
     assert _job(tmp_path)["status"] == "interrupted"
     res = run_app(
-        "checkpoint_app.py",
-        "+n=1",
-        f"hydra.launcher.ray.init.address={ray_session}",
-        "hydra.sweep.dir=sweep",
-        "hydra.launcher.resume=true",
-        cwd=tmp_path,
+        "checkpoint_app.py", *_one_job(ray_session), "hydra.launcher.resume=true", cwd=tmp_path
     )
     assert res.returncode == 0, res.output
     assert (job_dir / "resumed").read_text() == (job_dir / "checkpoint").read_text()
