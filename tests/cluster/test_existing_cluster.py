@@ -31,6 +31,8 @@ from ..port_forward import port_forward
 REPO = Path(__file__).parents[2]
 NODES = ("head", "worker")
 DASHBOARD = 8265
+# Four jobs of a second, spread: together, on both nodes' CPU.
+SPREAD = ("x=1,2,3,4", "seconds=1", "hydra.launcher.ray.remote.scheduling_strategy=SPREAD")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,7 @@ def _probe_until(
         time.sleep(2)
 
 
-def _sweep(
+def _sweep_on_existing_cluster(
     hosts: FakeHosts, address: str, tmp_path: Path, app: str, *overrides: str
 ) -> subprocess.CompletedProcess[str]:
     """Run tests/apps/`app` on the cluster through Ray Client, its sweep dir tmp_path/sweep."""
@@ -132,7 +134,7 @@ def test_outputs_written_on_another_machine_come_home(
     fake_hosts: FakeHosts, running_cluster: str, tmp_path: Path
 ) -> None:
     # Jobs of a second: a job's start event reaches the actor before its end.
-    res = _sweep(
+    res = _sweep_on_existing_cluster(
         fake_hosts, running_cluster, tmp_path, "app.py", "x=1,2,3", "raise_on=[3]", "seconds=1"
     )
     sweep = tmp_path / "sweep"
@@ -160,15 +162,7 @@ def test_a_user_s_files_in_the_sweep_dir_on_the_nodes_stay_there(
         (theirs / "data").mkdir(parents=True)
         (theirs / "notes.txt").write_text(f"the user's notes on {host}")
         (theirs / "data" / "keep.bin").write_bytes(b"\0" * 1000)
-    res = _sweep(
-        fake_hosts,
-        running_cluster,
-        tmp_path,
-        "app.py",
-        "x=1,2,3,4",
-        "seconds=1",  # together, on both nodes' CPU
-        "hydra.launcher.ray.remote.scheduling_strategy=SPREAD",
-    )
+    res = _sweep_on_existing_cluster(fake_hosts, running_cluster, tmp_path, "app.py", *SPREAD)
     assert res.returncode == 0, res.stdout
     assert {job["node"] for job in _jobs(sweep)} == {"127.0.0.2", "127.0.0.3"}, res.stdout
     for num in range(4):
@@ -187,15 +181,7 @@ def test_a_node_whose_part_fails_keeps_its_files_and_the_others_come_home(
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     (sweep / "1").write_text("")  # job #1's dir cannot be extracted here
-    res = _sweep(
-        fake_hosts,
-        running_cluster,
-        tmp_path,
-        "app.py",
-        "x=1,2,3,4",
-        "seconds=1",  # together, on both nodes' CPU
-        "hydra.launcher.ray.remote.scheduling_strategy=SPREAD",
-    )
+    res = _sweep_on_existing_cluster(fake_hosts, running_cluster, tmp_path, "app.py", *SPREAD)
     assert res.returncode == 0, res.stdout  # every job succeeded
     node_of = {job["idx"]: job["node"] for job in _jobs(sweep)}
     failed = node_of[1]
@@ -221,7 +207,7 @@ def test_the_files_of_a_job_s_recorded_attempt_win_over_its_failed_attempt_s(
 ) -> None:
     # The job that runs on the last node of ray.nodes() fails there and runs
     # again on the other node (see node_app.py): two attempts, two nodes.
-    res = _sweep(
+    res = _sweep_on_existing_cluster(
         fake_hosts,
         running_cluster,
         tmp_path,
