@@ -79,7 +79,13 @@ from hydra_ray.infra.storage import (
 from hydra_ray.infra.sync import rsync_command
 from hydra_ray.launch import detached, skeleton
 from hydra_ray.launch.detached import nums
-from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec, warn_if_script_left_out
+from hydra_ray.launch.sweep import (
+    Batch,
+    SweepBook,
+    SyncDown,
+    build_job_spec,
+    warn_if_script_left_out,
+)
 
 if TYPE_CHECKING:
     from hydra_ray.launch.sweep import Session
@@ -188,14 +194,14 @@ class _OverSsh:
                 returns = _bring_home_from_head(
                     cluster,
                     remote_tmp,
-                    settings.sync_down,
+                    SyncDown.of(settings.sync_down),
                     book.sweep_dir,
                     local_tmp,
                     book.key,
                     jobs,
                 )
             note_detached_run_home(book.sweep_dir, DRIVERS, run_id)
-            home = _outputs_home(settings.sync_down, book.sweep_dir)
+            home = SyncDown.of(settings.sync_down).home(book.sweep_dir)
             return detached.outcomes_home(returns if returns.is_file() else None, home, book, jobs)
 
 
@@ -208,6 +214,7 @@ def _run_on_cluster(
     lifetime: ClusterLifetime, spec: JobSpec, settings: DictConfig, book: SweepBook
 ) -> list[JobOutcome]:
     sweep_dir = book.sweep_dir
+    sync = SyncDown.of(settings.sync_down)
     jobs = [job.idx for job in spec.jobs]
     with scratch_dir("hydra-ray-cluster") as local_tmp:
         spec_file = local_tmp / JOB_SPEC
@@ -219,9 +226,7 @@ def _run_on_cluster(
             _sync_up(cluster, settings.sync_up, remote_tmp.path, local_tmp)
             warn_if_script_left_out(spec, local_tmp / "code")
             cluster.rsync_up(str(spec_file), f"{remote_tmp.path}/{JOB_SPEC}")
-            stored = _plan_storage(
-                cluster, settings.sync_down, spec.sweep_dir, remote_tmp.path, local_tmp
-            )
+            stored = _plan_storage(cluster, sync, spec.sweep_dir, remote_tmp.path, local_tmp)
             # Noted before it starts: a launcher killed right after leaves a driver
             # that a resume must find.
             note_detached_run(sweep_dir, DRIVERS, remote_tmp.path, jobs, more=stored)
@@ -252,7 +257,7 @@ def _run_on_cluster(
                 returns = _bring_home_from_head(
                     cluster,
                     remote_tmp,
-                    settings.sync_down,
+                    sync,
                     sweep_dir,
                     local_tmp,
                     book.key,
@@ -260,13 +265,12 @@ def _run_on_cluster(
                 )
             note_detached_run_home(sweep_dir, DRIVERS, remote_tmp.path)
             if stored:
-                _remove_stored(str(settings.sync_down.storage), stored["key"])
-            home = _outputs_home(settings.sync_down, sweep_dir)
-            return detached.outcomes_home(returns, home, book, jobs)
+                _remove_stored(str(sync.storage), stored["key"])
+            return detached.outcomes_home(returns, sync.home(sweep_dir), book, jobs)
 
 
 def _plan_storage(
-    cluster: Cluster, sync: DictConfig, cluster_sweep: str, remote_tmp: str, local_tmp: Path
+    cluster: Cluster, sync: SyncDown, cluster_sweep: str, remote_tmp: str, local_tmp: Path
 ) -> dict[str, str]:
     """With sync_down.storage: the plan that has the driver put its results
     there (PACK_PLAN, in its working dir); where they will be, to note (the
@@ -280,14 +284,14 @@ def _plan_storage(
     plan = PackPlan(
         name=key,
         sweep_dir=cluster_sweep,
-        include=list(sync.include),
-        exclude=list(sync.exclude),
-        storage=str(sync.storage),
-        outputs_dir=None if source is None else os.path.join("~", str(source)),
+        include=sync.include,
+        exclude=sync.exclude,
+        storage=sync.storage,
+        outputs_dir=None if source is None else os.path.join("~", source),
     )
     plan.write(local_tmp / PACK_PLAN)
     cluster.rsync_up(str(local_tmp / PACK_PLAN), f"{remote_tmp}/{PACK_PLAN}")
-    return {"storage": str(redacted(str(sync.storage))), "key": key}
+    return {"storage": str(redacted(sync.storage)), "key": key}
 
 
 def _remove_stored(storage: str, key: str) -> None:
@@ -317,7 +321,7 @@ def _from_storage(
         log.warning(f"{DRIVERS} notes a pack {key!r}, not a name this launcher makes: not fetched")
         return None
     jobs = [int(i) for i in noted.get("jobs", [])]
-    sync = settings.sync_down
+    sync = SyncDown.of(settings.sync_down)
     if sync.storage is None:
         log.warning(
             f"The driver of jobs {nums(jobs)} put its results in a sync_down.storage, and "
@@ -325,7 +329,7 @@ def _from_storage(
             "fetch them from there"
         )
         return None
-    storage = str(sync.storage)
+    storage = sync.storage
     try:
         if not exists(storage, stored_sidecar(key)):
             return None
@@ -340,9 +344,9 @@ def _from_storage(
     except (OSError, ValueError, AttributeError) as exc:
         log.warning(f"Could not fetch the results from {redacted(storage)} as {key}: {exc}")
         return None
-    home = _outputs_home(sync, book.sweep_dir)
-    target = Path(str(sync.target_dir)) if sync.target_dir is not None else book.sweep_dir
+    home = sync.home(book.sweep_dir)
     source = f"{redacted(storage)} (sync_down.storage)"
+    target = sync.target(book.sweep_dir)
     idxs, returns = detached.unpack_home(book, local_tmp / key, where, source, target, home)
     log.info(f"Brought home the results of jobs {nums(idxs)} from {redacted(storage)}")
     _remove_stored(storage, key)
@@ -450,17 +454,10 @@ class _Transfer:
         )
 
 
-def _outputs_home(sync: DictConfig, sweep_dir: Path) -> Path | None:
-    """Where the sweep dir's outputs come home; None if sync_down brings another dir."""
-    if sync.source_dir is not None:
-        return None
-    return Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
-
-
 def _bring_home_from_head(
     cluster: Cluster,
     remote_tmp: RemoteTmp,
-    sync: DictConfig,
+    sync: SyncDown,
     sweep_dir: Path,
     local_tmp: Path,
     key: bytes,
@@ -477,8 +474,8 @@ def _bring_home_from_head(
     returns = local_tmp / RETURNS
     head_sweep = _head_sweep_dir(remote_tmp.path, sweep_dir)
     records = _Transfer("the jobs' records", f"{head_sweep}/{RECORD_DIR}", sweep_dir / RECORD_DIR)
-    target = Path(str(sync.target_dir)) if sync.target_dir is not None else sweep_dir
-    source = str(sync.source_dir) if sync.source_dir is not None else head_sweep
+    target = sync.target(sweep_dir)
+    source = sync.source_dir if sync.source_dir is not None else head_sweep
     outputs = _Transfer("the outputs", source, target)
     pending = [records, outputs]
     # Until the gather is known to have ended: outputs may still be on other nodes.
@@ -488,22 +485,22 @@ def _bring_home_from_head(
         cluster.run(f"mkdir -p {shlex.quote(records.source)}")
         records.run(cluster)
         pending.remove(records)
-        home = _outputs_home(sync, sweep_dir)
+        home = sync.home(sweep_dir)
         if home is not None:  # the records say where the jobs wrote on the head: now here
             move_records_home(sweep_dir, jobs, sweep_dir_on_cluster(str(sweep_dir)), home, key)
         _mark_outputs_left(sweep_dir, jobs, on_nodes, head_sweep, home, key)
         if _head_has(cluster, f"{remote_tmp.path}/{RETURNS}"):
             cluster.rsync_down(f"{remote_tmp.path}/{RETURNS}", str(returns))
         log.info(f"Bringing home the outputs: the head's {source} to {target}")
-        if sync.include or sync.exclude:
+        if sync.filtered:
             # Filter on the head, so that only what is wanted crosses the network.
             outputs = _Transfer("the outputs", f"{remote_tmp.path}/down", target)
             pending = [outputs]
             filter_cmd = rsync_command(
                 f"{source}/",
                 f"{outputs.source}/",
-                include=list(sync.include),
-                exclude=list(sync.exclude),
+                include=sync.include,
+                exclude=sync.exclude,
             )
             cluster.run(f"mkdir -p {shlex.quote(outputs.source)} && {shlex.join(filter_cmd)}")
         outputs.run(cluster)
@@ -524,7 +521,7 @@ def _bring_home_from_head(
         raise
     log.info(
         f"Synced down the head's {outputs.source} to {target} "
-        f"(include={list(sync.include)}, exclude={list(sync.exclude)})"
+        f"(include={sync.include}, exclude={sync.exclude})"
     )
     if left:
         _keep(cluster, remote_tmp, sweep_dir, [outputs], left.lstrip("; "), gather=True)

@@ -55,7 +55,13 @@ from hydra_ray.infra.storage import fetch_checked, remove_quietly
 from hydra_ray.infra.sync import rsync_command
 from hydra_ray.launch import detached, skeleton
 from hydra_ray.launch.detached import nums
-from hydra_ray.launch.sweep import Batch, SweepBook, build_job_spec, warn_if_script_left_out
+from hydra_ray.launch.sweep import (
+    Batch,
+    SweepBook,
+    SyncDown,
+    build_job_spec,
+    warn_if_script_left_out,
+)
 
 if TYPE_CHECKING:
     from hydra_ray.launch.sweep import Session
@@ -133,7 +139,7 @@ class _ThroughJobsApi:
             returns = _follow_home(
                 self.client, self.dashboard, run_id, self.settings, self.book, tmp
             )
-            home = _home_dir(self.settings, self.book)
+            home = SyncDown.of(self.settings.sync_down).target(self.book.sweep_dir)
             return detached.outcomes_home(returns, home, self.book, jobs)
 
 
@@ -193,7 +199,8 @@ def _run_as_ray_job(
         if returns is None:
             raise _no_results(client, dashboard, submission_id, "")
         jobs = [job.idx for job in current.to_run]
-        return detached.outcomes_home(returns, _home_dir(settings, book), book, jobs)
+        home = SyncDown.of(settings.sync_down).target(book.sweep_dir)
+        return detached.outcomes_home(returns, home, book, jobs)
 
 
 def _no_results(client: Any, dashboard: Dashboard, submission_id: str, logs: str) -> DriverError:
@@ -295,8 +302,7 @@ def _clean_cluster(
     sync_down left out."""
     paths = [where["pack_path"]] if where.get("pack_path") else []
     sweep = where.get("cluster_sweep")
-    down = settings.sync_down
-    if sweep and (down.include or down.exclude):
+    if sweep and SyncDown.of(settings.sync_down).filtered:
         log.info(
             f"The sweep dir on the cluster ({sweep}, node {where['node_ip']}) is kept: it "
             "holds what sync_down's include/exclude left out"
@@ -399,10 +405,9 @@ def _stage(
     spec = build_job_spec(session, book, current, code_dir)
     warn_if_script_left_out(spec, package / "code")
     write_job_spec(package / JOB_SPEC, spec, dumps_for_cluster(spec))
-    down = settings.sync_down
-    storage = None if down.storage is None else str(down.storage)
+    down = SyncDown.of(settings.sync_down)
     name = f"{submission_id}.tar"
-    plan = PackPlan(name, spec.sweep_dir, list(down.include), list(down.exclude), storage)
+    plan = PackPlan(name, spec.sweep_dir, down.include, down.exclude, down.storage)
     plan.write(package / PACK_PLAN)
 
 
@@ -572,7 +577,8 @@ def _bring_pack_home(
         )
     name = f"{submission_id}.tar"
     local = tmp / name
-    storage = settings.sync_down.storage if where.get("storage") else None
+    sync = SyncDown.of(settings.sync_down)
+    storage = sync.storage if where.get("storage") else None
     try:
         if where.get("storage") and storage is None:
             raise ValueError(
@@ -580,12 +586,12 @@ def _bring_pack_home(
                 "here: give the sweep's hydra.launcher.sync_down.storage"
             )
         if storage is not None:
-            fetch_checked({**where, "storage": str(storage), "key": name}, local)
+            fetch_checked({**where, "storage": storage, "key": name}, local)
         else:
             download(dashboard, {**where, "file": name}, local)
     except (OSError, ValueError, KeyError) as exc:
         there = (
-            f"in {redacted(str(storage))} as {name}"
+            f"in {redacted(storage)} as {name}"
             if storage is not None
             else f"in sync_down.storage as {name}"
             if where.get("storage")
@@ -596,19 +602,13 @@ def _bring_pack_home(
             f"The results did not come home ({exc}): they stay {there}"
         ) from exc
     source = (
-        f"{redacted(str(storage))} (sync_down.storage)"
+        f"{redacted(storage)} (sync_down.storage)"
         if storage is not None
         else f"the dashboard at {dashboard.address}"
     )
-    home = _home_dir(settings, book)
+    home = sync.target(book.sweep_dir)
     _, returns = detached.unpack_home(book, local, where, source, home, home)
     log.info(f"Brought home the outputs ({where['size'] / 2**20:.1f} MiB pack) to {home}")
     if storage is not None:
-        remove_quietly(str(storage), name)
+        remove_quietly(storage, name)
     return returns
-
-
-def _home_dir(settings: DictConfig, book: SweepBook) -> Path:
-    """Where the jobs' outputs come home."""
-    target = settings.sync_down.target_dir
-    return Path(str(target)) if target is not None else book.sweep_dir

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
@@ -62,6 +62,49 @@ class SweepSettings:
     @property
     def live(self) -> bool:
         return want_live(self.progress)
+
+
+@dataclass(frozen=True)
+class SyncDown:
+    """hydra.launcher.sync_down, read once: what of the cluster's files comes
+    home, and where."""
+
+    # The local dir the outputs come to; None: the local sweep dir.
+    target_dir: Path | None
+    # rsync's filters (includes tried first, the first match wins).
+    include: list[str]
+    exclude: list[str]
+    # Where the driver also puts its pack (a URI that may hold credentials).
+    storage: str | None
+    # The cluster launchers': the dir on the head whose files come home, when
+    # not the sweep dir; None: the sweep dir.
+    source_dir: str | None = None
+
+    @classmethod
+    def of(cls, node: DictConfig) -> "SyncDown":
+        def text(value: Any) -> str | None:
+            return None if value is None else str(value)
+
+        target = text(node.target_dir)
+        return cls(
+            target_dir=None if target is None else Path(target),
+            include=[str(p) for p in node.include],
+            exclude=[str(p) for p in node.exclude],
+            storage=text(node.storage),
+            source_dir=text(node.get("source_dir")),
+        )
+
+    @property
+    def filtered(self) -> bool:
+        return bool(self.include or self.exclude)
+
+    def target(self, sweep_dir: Path) -> Path:
+        """The local dir the files come to."""
+        return self.target_dir if self.target_dir is not None else sweep_dir
+
+    def home(self, sweep_dir: Path) -> Path | None:
+        """Where the sweep dir's outputs come home; None if another dir does."""
+        return None if self.source_dir is not None else self.target(sweep_dir)
 
 
 def task_overrides(config: DictConfig) -> list[str]:

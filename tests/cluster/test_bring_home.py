@@ -8,12 +8,13 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._config import RsyncConf
+from hydra_plugins.hydra_ray_launcher._config import ClusterSyncDownConf
 from hydra_ray.core.errors import ClusterCommandError, OutputsNotHomeError
 from hydra_ray.core.jobs import JobOutcome
 from hydra_ray.core.records import read_record, write_record, write_summary
 from hydra_ray.infra.autoscaler import Cluster, RemoteTmp
 from hydra_ray.launch.cluster import _bring_home_from_head
+from hydra_ray.launch.sweep import SyncDown
 
 from ..conftest import sweep_key_of
 
@@ -55,7 +56,7 @@ def _bring(cluster: StandInCluster, tmp_path: Path, remote: RemoteTmp | None = N
     _bring_home_from_head(
         cluster,
         remote,
-        OmegaConf.structured(RsyncConf),
+        SyncDown.of(OmegaConf.structured(ClusterSyncDownConf)),
         tmp_path / "sweep",
         tmp_path,
         sweep_key_of(tmp_path / "sweep"),
@@ -116,7 +117,7 @@ def test_the_summary_of_a_job_whose_outputs_stayed_on_a_node_says_where_they_are
         _bring_home_from_head(
             cluster,
             remote,
-            OmegaConf.structured(RsyncConf),
+            SyncDown.of(OmegaConf.structured(ClusterSyncDownConf)),
             sweep,
             tmp_path,
             sweep_key_of(sweep),
@@ -139,7 +140,12 @@ def test_a_failed_transfer_of_the_outputs_keeps_them_after_the_records_came_home
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError, match="the outputs did not come home"):
         _bring_home_from_head(
-            cluster, remote, OmegaConf.structured(RsyncConf), sweep, tmp_path, sweep_key_of(sweep)
+            cluster,
+            remote,
+            SyncDown.of(OmegaConf.structured(ClusterSyncDownConf)),
+            sweep,
+            tmp_path,
+            sweep_key_of(sweep),
         )
     assert cluster.downloads == [f"{HEAD_SWEEP}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl"]
     assert remote.kept and cluster.leftovers is not None
