@@ -228,12 +228,13 @@ def _killed_then_torn_down(
     return fake_hosts.host_path("head", f"~/.hydra_ray/autodown/{name}/log").read_text()
 
 
-def _end(run: "RunningApp", fake_hosts: FakeHosts) -> None:
-    """After a test that killed things on the shared fake hosts: the app, what
-    it left running, and the launches' temp dirs there (a dead worker keeps its
+def _end(fake_hosts: FakeHosts, *runs: RunningApp) -> None:
+    """After a test that killed things on the shared fake hosts: the apps, what
+    they left running, and the launches' temp dirs there (a dead worker keeps its
     killed attempts' files; a cluster torn down by itself keeps its results),
     not for the next tests on these hosts to find."""
-    run.kill()
+    for run in runs:
+        run.kill()
     fake_hosts.kill_leftovers()
     for host in ("head", "worker"):
         for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
@@ -337,7 +338,7 @@ def test_a_cluster_whose_launcher_is_gone_tears_itself_down_once_idle(
         assert (launch / "sweep" / "1" / "done_1.json").is_file()
         assert [p for p in fake_hosts.processes("head") if "autodown" in p.cmdline] == []
     finally:
-        _end(run, fake_hosts)
+        _end(fake_hosts, run)
 
 
 def test_results_in_the_storage_let_a_gone_launcher_s_cluster_go_and_a_resume_fetch_them(
@@ -455,7 +456,7 @@ def test_a_worker_whose_ray_dies_mid_sweep_is_no_reason_to_keep_the_cluster(
         assert "NOT ALL OUTPUTS ARE HOME" not in run.output
         assert "Deleted the cluster" in run.output, run.output
     finally:
-        _end(run, fake_hosts)
+        _end(fake_hosts, run)
 
 
 def test_a_worker_whose_ray_dies_after_a_job_finished_there_still_gives_its_outputs(
@@ -496,4 +497,4 @@ def test_a_worker_whose_ray_dies_after_a_job_finished_there_still_gives_its_outp
         assert "Deleted the cluster" in run.output, run.output
         _no_leftovers(fake_hosts, sweep)
     finally:
-        _end(run, fake_hosts)
+        _end(fake_hosts, run)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ..cluster_harness.fake_hosts import FakeHosts, launcher_env
-from .test_cluster_faults import RunningApp
+from .test_cluster_faults import RunningApp, _end
 from .test_cluster_launcher import _cluster_yaml, _run_test_app
 
 MIB = 2**20
@@ -119,12 +119,7 @@ def _kept_on_the_head(
 def cleanup_hosts(fake_hosts: FakeHosts) -> Iterator[list[RunningApp]]:
     runs: list[RunningApp] = []
     yield runs
-    for run in runs:
-        run.kill()
-    fake_hosts.kill_leftovers()
-    for host in ("head", "worker"):
-        for leftover in fake_hosts.host_path(host, "/tmp").glob("hydra-ray-*"):
-            shutil.rmtree(leftover)
+    _end(fake_hosts, *runs)
 
 
 def test_ctrl_c_while_outputs_come_home_keeps_them_on_the_cluster_with_commands_that_finish(
