@@ -1009,7 +1009,12 @@ def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
     (shared / "hydra-app-1.tar").write_bytes(b"not the pack the driver made")
     where = {"storage": f"file://{shared}", "key": "hydra-app-1.tar", "size": 10, "sha256": "0"}
     logs = f"a log line\n{PACK_MARK}{json.dumps(where)}\n"  # the driver's last line
-    down = {"target_dir": None, "include": [], "exclude": [], "storage": f"file://{shared}"}
+    down: dict[str, Any] = {
+        "target_dir": None,
+        "include": [],
+        "exclude": [],
+        "storage": f"file://{shared}",
+    }
     settings = OmegaConf.create({"sync_down": down})
     from hydra_ray.core.jobs import Policy
 

@@ -2,6 +2,7 @@
 with a stand-in for the cluster (the fake-hosts tests run the real thing)."""
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ HEAD_TMP = "/tmp/hydra-ray-abc"
 # The sweep dirs below are absolute (paths of the launching machine): on the head
 # the sweep lives in the launch's temp dir.
 HEAD_SWEEP = f"{HEAD_TMP}/sweep"
+# The cluster launchers' sync_down as a user who sets none of its keys has it.
+_SYNC_DOWN = SyncDown.of(OmegaConf.structured(ClusterSyncDownConf))
 
 
 class StandInCluster(Cluster):
@@ -51,15 +54,17 @@ class StandInCluster(Cluster):
         self.downloads.append(source)
 
 
-def _bring(cluster: StandInCluster, tmp_path: Path, remote: RemoteTmp | None = None) -> RemoteTmp:
+def _bring(
+    cluster: StandInCluster,
+    tmp_path: Path,
+    remote: RemoteTmp | None = None,
+    jobs: Sequence[int] = (),
+) -> RemoteTmp:
+    """What the launcher brings home of the sweep dir tmp_path/sweep."""
     remote = remote or RemoteTmp(HEAD_TMP)
+    sweep = tmp_path / "sweep"
     _bring_home_from_head(
-        cluster,
-        remote,
-        SyncDown.of(OmegaConf.structured(ClusterSyncDownConf)),
-        tmp_path / "sweep",
-        tmp_path,
-        sweep_key_of(tmp_path / "sweep"),
+        cluster, remote, _SYNC_DOWN, sweep, tmp_path, sweep_key_of(sweep), jobs=jobs
     )
     return remote
 
@@ -114,15 +119,7 @@ def test_the_summary_of_a_job_whose_outputs_stayed_on_a_node_says_where_they_are
     cluster = StandInCluster(tmp_path, [left, left])
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError):
-        _bring_home_from_head(
-            cluster,
-            remote,
-            SyncDown.of(OmegaConf.structured(ClusterSyncDownConf)),
-            sweep,
-            tmp_path,
-            sweep_key_of(sweep),
-            jobs=[0, 1],
-        )
+        _bring(cluster, tmp_path, remote, jobs=[0, 1])
     outcomes = [read_record(sweep, idx, sweep_key_of(sweep)) for idx in (0, 1)]
     summary = json.loads(write_summary(sweep, [], filter(None, outcomes)).read_text())
     assert [j["outputs_left"] for j in summary["jobs"]] == [
@@ -139,14 +136,7 @@ def test_a_failed_transfer_of_the_outputs_keeps_them_after_the_records_came_home
     cluster = StandInCluster(tmp_path, [{"complete": True, "left": []}], failing=f"{HEAD_SWEEP}/")
     remote = RemoteTmp(HEAD_TMP)
     with pytest.raises(OutputsNotHomeError, match="the outputs did not come home"):
-        _bring_home_from_head(
-            cluster,
-            remote,
-            SyncDown.of(OmegaConf.structured(ClusterSyncDownConf)),
-            sweep,
-            tmp_path,
-            sweep_key_of(sweep),
-        )
+        _bring(cluster, tmp_path, remote)
     assert cluster.downloads == [f"{HEAD_SWEEP}/.hydra_ray/", f"{HEAD_TMP}/returns.pkl"]
     assert remote.kept and cluster.leftovers is not None
     assert cluster.leftovers.commands == [
