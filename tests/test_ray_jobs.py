@@ -1000,6 +1000,7 @@ def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
     tmp_path: Path,
 ) -> None:
     from hydra_ray.core.errors import OutputsNotHomeError
+    from hydra_ray.core.jobs import Policy
     from hydra_ray.core.wire import PACK_MARK
     from hydra_ray.infra.dashboard import Dashboard
     from hydra_ray.launch import jobs_api as _jobs_api
@@ -1016,8 +1017,6 @@ def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
         "storage": f"file://{shared}",
     }
     settings = OmegaConf.create({"sync_down": down})
-    from hydra_ray.core.jobs import Policy
-
     book = SweepBook(tmp_path / "sweep", [], SweepSettings(False, False, Policy()))
     dashboard = Dashboard("http://127.0.0.1:1", {}, True)
     with pytest.raises(OutputsNotHomeError, match=r"damaged.*they stay in file://"):

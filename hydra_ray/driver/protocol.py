@@ -1,7 +1,9 @@
 """The head-driver protocol: what the launching machine and the driver on a
-cluster's head (`hydra_ray.driver.head`) share. The job spec the launcher
-builds and sends, the plugin staged beside it, the files of the driver's
-working dir, the commands that run the driver, and the pack of the Jobs API.
+cluster's head (`hydra_ray.driver.head`) share, typed: the job spec the
+launcher builds and sends, the plugin staged beside it, the plan of the pack
+that brings results home (`PackPlan`), the commands that run the driver, and
+the pack's check and unpacking. The names of the files and markers both
+sides use are in `core.wire`.
 
 Both sides import this module; it imports the data types and the seals of
 `core`, no Ray.

@@ -141,6 +141,7 @@ class _OverSsh:
         self.session = session
         self.book = book
         self.settings: DictConfig = session.config.hydra.launcher
+        self.sync = SyncDown.of(self.settings.sync_down)
 
     def run(self, remaining: Batch) -> list[JobOutcome]:
         # A job whose ray.remote does not resolve is refused here, before the cluster.
@@ -194,14 +195,14 @@ class _OverSsh:
                 returns = _bring_home_from_head(
                     cluster,
                     remote_tmp,
-                    SyncDown.of(settings.sync_down),
+                    self.sync,
                     book.sweep_dir,
                     local_tmp,
                     book.key,
                     jobs,
                 )
             note_detached_run_home(book.sweep_dir, DRIVERS, run_id)
-            home = SyncDown.of(settings.sync_down).home(book.sweep_dir)
+            home = self.sync.home(book.sweep_dir)
             return detached.outcomes_home(returns if returns.is_file() else None, home, book, jobs)
 
 

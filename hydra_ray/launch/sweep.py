@@ -2,7 +2,8 @@
 driver on a cluster's head): decide which jobs run (resume), list them, run
 them, then write sweep_summary.json and show the summary table, also when the
 run is interrupted. Runs on the user's machine for every launcher. Also the
-Session: what a launch path keeps across the sweeper's batches."""
+Session: what a launch path keeps across the sweeper's batches; and the
+launcher keys read once, typed (`SweepSettings`, `SyncDown`)."""
 
 import dataclasses
 import shlex
