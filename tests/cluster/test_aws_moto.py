@@ -10,11 +10,9 @@ with the node's address) plus no conda env is set, as command-line overrides.
 """
 
 import json
-import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -37,6 +35,7 @@ from ..cluster_harness.fake_hosts import (
     unique_cluster_name,
 )
 from ..cluster_harness.moto import MotoServer, aws_overrides, running_instances
+from .test_cluster_launcher import NetnsApp
 
 REPO = Path(__file__).parents[2]
 CLUSTER_KEY = "hydra.launcher.ray.cluster"
@@ -333,12 +332,10 @@ def test_a_cluster_whose_launcher_is_gone_terminates_its_instances(
     finishes the jobs on the head, and once the cluster has run nothing for
     hydra.launcher.autodown_minutes the head runs Ray's own teardown there,
     which reaches (fake) EC2 as the launcher's does: every instance terminated."""
-    from .test_cluster_faults import RunningApp
-
     overrides = [
         o for o in fake_aws_overrides(cluster_name) if not o.startswith("hydra.launcher.env_setup")
     ]
-    run = RunningApp(
+    run = NetnsApp(
         aws_hosts,
         tmp_path,
         "x=1,2",
@@ -355,7 +352,7 @@ def test_a_cluster_whose_launcher_is_gone_terminates_its_instances(
         run.wait_for("started on 172.31.", timeout=300)
         assert "then it tears itself down with them" in run.output, run.output[-5000:]
         assert len(running_instances(moto_server)) == 1
-        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.kill_group()
         run.wait()
         deadline = time.monotonic() + 240
         while running_instances(moto_server):

@@ -7,11 +7,9 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,76 +18,10 @@ import yaml
 
 from ..cluster_harness.fake_hosts import (
     FakeHosts,
-    launcher_env,
     thread_pool_teardown_env,
     unique_cluster_name,
 )
-from .test_cluster_launcher import REPO, _cluster_yaml, _no_leftovers, _run, _run_test_app
-
-
-class RunningApp:
-    """A sweep running in the fake hosts' netns, its output read as it comes."""
-
-    def __init__(
-        self,
-        hosts: FakeHosts,
-        tmp_path: Path,
-        *args: str,
-        script: str = "app.py",
-        env: Mapping[str, str] | None = None,
-    ) -> None:
-        """`python SCRIPT --multirun ARGS` (of tests/apps), `env` added to its environment."""
-        app = tmp_path / "app"
-        shutil.copytree(REPO / "tests" / "apps", app)
-        self.tmp_path = tmp_path
-        self.lines: list[str] = []
-        self.proc = hosts.popen_in_netns(
-            [sys.executable, script, "--multirun", *args, "hydra.launcher.env_setup.commands=[]"],
-            env=launcher_env(tmp_path, env),
-            cwd=app,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    @property
-    def story(self) -> str:
-        """Our lines (the launcher's and the head driver's) and Python's errors,
-        without Ray's and pip's: what an assertion message can show whole."""
-        return "".join(
-            line
-            for line in self.lines
-            if "[HYDRA]" in line or "Error" in line or line.startswith("Traceback")
-        )
-
-    def wait_for(self, text: str, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output:
-            assert self.proc.poll() is None, f"exited before {text!r}:\n{self.output}"
-            assert time.monotonic() < deadline, f"no {text!r} in time:\n{self.output}"
-            time.sleep(0.2)
-
-    def wait(self, timeout: float = 240) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=10)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+from .test_cluster_launcher import NetnsApp, _cluster_yaml, _no_leftovers, _run, _run_test_app
 
 
 def _on_host(hosts: FakeHosts, host: str, name: str) -> list[Path]:
@@ -99,10 +31,10 @@ def _on_host(hosts: FakeHosts, host: str, name: str) -> list[Path]:
 
 
 @pytest.fixture
-def sleepy_sweep(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[RunningApp]:
+def sleepy_sweep(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[NetnsApp]:
     """Four jobs on the fake cluster's worker: #0 and #1 finish at once, #2 and #3
     sleep 60 s; started and left running once #0 and #1 are done and #2 runs."""
-    run = RunningApp(
+    run = NetnsApp(
         fake_hosts,
         tmp_path,
         "x=1,2,3,4",
@@ -115,10 +47,11 @@ def sleepy_sweep(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[RunningApp]:
     )
     try:
         run.wait_for("Running the jobs from the cluster's head")
-        deadline = time.monotonic() + 120
-        while "[2/4]" not in run.output or not _on_host(fake_hosts, "worker", "2/started_2"):
-            assert time.monotonic() < deadline, run.output
-            time.sleep(0.5)
+        run.wait_until(
+            lambda: "[2/4]" in run.output and bool(_on_host(fake_hosts, "worker", "2/started_2")),
+            timeout=120,
+            what="job #2 running",
+        )
         yield run
     finally:
         run.kill()
@@ -127,7 +60,7 @@ def sleepy_sweep(fake_hosts: FakeHosts, tmp_path: Path) -> Iterator[RunningApp]:
             shutil.rmtree(leftover)
 
 
-def _finished_jobs_came_home(fake_hosts: FakeHosts, run: RunningApp) -> None:
+def _finished_jobs_came_home(fake_hosts: FakeHosts, run: NetnsApp) -> None:
     """What the two finished jobs wrote on the worker is home; the sweep dir is
     one that `resume` continues; nothing is left on the hosts."""
     sweep = run.tmp_path / "sweep"
@@ -146,7 +79,7 @@ def _finished_jobs_came_home(fake_hosts: FakeHosts, run: RunningApp) -> None:
 
 
 def test_killed_remote_driver_fails_the_sweep_and_tears_down(
-    fake_hosts: FakeHosts, sleepy_sweep: RunningApp
+    fake_hosts: FakeHosts, sleepy_sweep: NetnsApp
 ) -> None:
     killed = fake_hosts.run_on_host("head", ["pkill", "-KILL", "-f", "hydra_ray.driver.head"])
     assert killed.returncode == 0
@@ -156,18 +89,18 @@ def test_killed_remote_driver_fails_the_sweep_and_tears_down(
 
 
 def test_ctrl_c_during_the_remote_run_tears_down(
-    fake_hosts: FakeHosts, sleepy_sweep: RunningApp
+    fake_hosts: FakeHosts, sleepy_sweep: NetnsApp
 ) -> None:
-    sleepy_sweep.proc.send_signal(signal.SIGINT)
+    sleepy_sweep.send(signal.SIGINT)
     assert sleepy_sweep.wait(timeout=120) != 0
     _finished_jobs_came_home(fake_hosts, sleepy_sweep)
 
 
 def test_sighup_mid_sweep_brings_the_finished_jobs_home_and_tears_down(
-    fake_hosts: FakeHosts, sleepy_sweep: RunningApp
+    fake_hosts: FakeHosts, sleepy_sweep: NetnsApp
 ) -> None:
     """The terminal closed or the ssh session dropped: as SIGTERM, not a cluster left running."""
-    sleepy_sweep.proc.send_signal(signal.SIGHUP)
+    sleepy_sweep.send(signal.SIGHUP)
     assert sleepy_sweep.wait(timeout=120) != 0
     _finished_jobs_came_home(fake_hosts, sleepy_sweep)
 
@@ -216,19 +149,17 @@ def _second_job_slow(seconds: int, cluster_yaml: Path, sweep: Path) -> list[str]
     ]
 
 
-def _killed_then_torn_down(
-    run: "RunningApp", fake_hosts: FakeHosts, name: str, timeout: float
-) -> str:
+def _killed_then_torn_down(run: NetnsApp, fake_hosts: FakeHosts, name: str, timeout: float) -> str:
     """kill -9 of the launching process (a closed laptop); then no Ray process
     is left on either host within `timeout`: the head's watchdog log."""
-    os.killpg(run.proc.pid, signal.SIGKILL)
+    run.kill_group()
     run.wait()
     for host in ("head", "worker"):
         assert fake_hosts.wait_no_ray_processes(host, timeout=timeout) == [], host
     return fake_hosts.host_path("head", f"~/.hydra_ray/autodown/{name}/log").read_text()
 
 
-def _end(fake_hosts: FakeHosts, *runs: RunningApp) -> None:
+def _end(fake_hosts: FakeHosts, *runs: NetnsApp) -> None:
     """After a test that killed things on the shared fake hosts: the apps, what
     they left running, and the launches' temp dirs there (a dead worker keeps its
     killed attempts' files; a cluster torn down by itself keeps its results),
@@ -280,15 +211,17 @@ def test_a_killed_launcher_leaves_the_jobs_running_and_a_resume_brings_them_home
         f"hydra.launcher.cluster_yaml={_cluster_yaml(fake_hosts, tmp_path, 'kil')}",
         f"hydra.sweep.dir={sweep}",
     ]
-    run = RunningApp(fake_hosts, tmp_path, *args)
+    run = NetnsApp(fake_hosts, tmp_path, *args)
     try:
         run.wait_for("follows it again and brings everything home")
         deadline = time.monotonic() + 120
-        while not _on_host(fake_hosts, "worker", "2/started_2"):
-            assert time.monotonic() < deadline, run.output
-            time.sleep(0.5)
+        run.wait_until(
+            lambda: bool(_on_host(fake_hosts, "worker", "2/started_2")),
+            timeout=120,
+            what="job #2 started",
+        )
         # The launcher and its ssh sessions to the head, as when the laptop goes.
-        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.kill_group()
         run.wait()
         # Without the launcher, the slow jobs still end (and the driver gathers
         # what they wrote on the worker onto the head).
@@ -319,7 +252,7 @@ def test_a_cluster_whose_launcher_is_gone_tears_itself_down_once_idle(
     log says why. The submission log said when, at the earliest."""
     cluster_yaml = _cluster_yaml(fake_hosts, tmp_path, "adn")
     name = yaml.safe_load(cluster_yaml.read_text())["cluster_name"]
-    run = RunningApp(
+    run = NetnsApp(
         fake_hosts,
         tmp_path,
         *_second_job_slow(8, cluster_yaml, tmp_path / "sweep"),
@@ -359,7 +292,7 @@ def test_results_in_the_storage_let_a_gone_launcher_s_cluster_go_and_a_resume_fe
         "hydra.launcher.autodown_minutes=3",
         f"hydra.launcher.sync_down.storage=file://{store}",
     ]
-    run = RunningApp(fake_hosts, tmp_path, *args)
+    run = NetnsApp(fake_hosts, tmp_path, *args)
     try:
         run.wait_for("started on 127.0.0.3")
         assert "its results also go to sync_down.storage=file://" in run.output, run.output
@@ -391,7 +324,7 @@ def test_a_lost_connection_to_the_head_is_made_again_and_the_sweep_ends_as_usual
     blip): the launcher says so, follows the driver again, and the sweep ends as
     if nothing happened: every output home, each job run once, no cluster left."""
     sweep = tmp_path / "sweep"
-    run = RunningApp(
+    run = NetnsApp(
         fake_hosts,
         tmp_path,
         *_second_job_slow(15, _cluster_yaml(fake_hosts, tmp_path, "rec"), sweep),
@@ -400,7 +333,7 @@ def test_a_lost_connection_to_the_head_is_made_again_and_the_sweep_ends_as_usual
         run.wait_for("#1 : x=2 seconds=0.5 slow_first=[2] slow_seconds=15 started on")
         # The launcher's ssh client that runs the follow command on the head.
         followers = subprocess.run(
-            ["pgrep", "-s", str(run.proc.pid), "-f", "^ssh .*tail -n"],
+            ["pgrep", "-s", str(run.pid), "-f", "^ssh .*tail -n"],
             capture_output=True,
             text=True,
         ).stdout.split()
@@ -433,7 +366,7 @@ def test_a_worker_whose_ray_dies_mid_sweep_is_no_reason_to_keep_the_cluster(
     cluster_yaml = tmp_path / "cluster.yaml"
     cluster_yaml.write_text(yaml.safe_dump(config))
     sweep = tmp_path / "sweep"
-    run = RunningApp(
+    run = NetnsApp(
         fake_hosts,
         tmp_path,
         "x=1,2,3",
@@ -469,19 +402,20 @@ def test_a_worker_whose_ray_dies_after_a_job_finished_there_still_gives_its_outp
     (max_retries) once the autoscaler restarted the node's Ray; the summary and
     the files at home agree; the cluster is torn down, nothing left."""
     sweep = tmp_path / "sweep"
-    run = RunningApp(
+    run = NetnsApp(
         fake_hosts,
         tmp_path,
         *_second_job_slow(30, _cluster_yaml(fake_hosts, tmp_path, "wgone"), sweep),
     )
     try:
-        deadline = time.monotonic() + 240
-        while not (
-            _on_host(fake_hosts, "worker", "0/done_0.json")
-            and _on_host(fake_hosts, "worker", "1/started_1")
-        ):
-            assert run.proc.poll() is None and time.monotonic() < deadline, run.output
-            time.sleep(0.3)
+        run.wait_until(
+            lambda: bool(
+                _on_host(fake_hosts, "worker", "0/done_0.json")
+                and _on_host(fake_hosts, "worker", "1/started_1")
+            ),
+            timeout=240,
+            what="job #0 done and #1 started on the worker",
+        )
         killed = fake_hosts.run_on_host("worker", ["pkill", "-KILL", "-f", "raylet"])
         assert killed.returncode == 0
         assert run.wait(timeout=300) == 0, run.story

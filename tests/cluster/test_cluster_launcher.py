@@ -26,7 +26,7 @@ from ..cluster_harness.fake_hosts import (
     thread_pool_teardown_env,
     unique_cluster_name,
 )
-from ..conftest import run_in_pty
+from ..conftest import AppProcess, run_in_pty
 from ..real_code import ran_as_its_script
 
 REPO = Path(__file__).parents[2]
@@ -63,6 +63,53 @@ def _run(
         cwd=cwd,
         timeout=600,
     )
+
+
+class NetnsApp(AppProcess):
+    """`python SCRIPT --multirun ARGS` of tests/apps (copied to tmp_path/app) started
+    as `AppProcess` in the fake hosts' netns, as `_run` runs it (`env`: more of the
+    launching process's environment)."""
+
+    def __init__(
+        self,
+        hosts: FakeHosts,
+        tmp_path: Path,
+        *args: str,
+        script: str = "app.py",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        app = tmp_path / "app"
+        shutil.copytree(REPO / "tests" / "apps", app)
+        self.tmp_path = tmp_path
+        super().__init__(
+            [
+                *hosts.netns_prefix(),
+                sys.executable,
+                script,
+                "--multirun",
+                *args,
+                "hydra.launcher.env_setup.commands=[]",
+            ],
+            cwd=app,
+            env=launcher_env(tmp_path, env),
+        )
+
+    # Longer than for a local Ray: a cluster is created (and torn down) on the way.
+    def wait_for(self, text: str, timeout: float = 240) -> None:
+        super().wait_for(text, timeout)
+
+    def wait(self, timeout: float = 240) -> int:
+        return super().wait(timeout)
+
+    @property
+    def story(self) -> str:
+        """Our lines (the launcher's and the head driver's) and Python's errors,
+        without Ray's and pip's: what an assertion message can show whole."""
+        return "".join(
+            line
+            for line in self.lines
+            if "[HYDRA]" in line or "Error" in line or line.startswith("Traceback")
+        )
 
 
 def _run_test_app(

@@ -10,15 +10,14 @@ import shutil
 import signal
 import stat
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ..cluster_harness.fake_hosts import FakeHosts, launcher_env
-from .test_cluster_faults import RunningApp, _end
-from .test_cluster_launcher import _cluster_yaml, _run_test_app
+from .test_cluster_faults import _end
+from .test_cluster_launcher import NetnsApp, _cluster_yaml, _run_test_app
 
 MIB = 2**20
 # Two jobs of 12 MiB each, brought home at 1 MiB/s: ~24 s to interrupt them in
@@ -69,11 +68,11 @@ def _head_tmp(hosts: FakeHosts, output: str) -> Path:
 
 def _interrupted_while_outputs_come_home(
     hosts: FakeHosts, tmp_path: Path, sig: signal.Signals = signal.SIGINT
-) -> RunningApp:
+) -> NetnsApp:
     """A sweep of two jobs that each write JOB_MIB MiB on the worker, sent `sig`
     (Ctrl-C: SIGINT) a few seconds into the (slow) transfer of their outputs from
     the head."""
-    run = RunningApp(
+    run = NetnsApp(
         hosts,
         tmp_path,
         "x=1,2",
@@ -85,18 +84,19 @@ def _interrupted_while_outputs_come_home(
         env=_slow_rsync_env(tmp_path),
     )
     # rsync's temp file of a job's big output, in the local sweep dir: under way.
-    deadline = time.monotonic() + 300
-    while not list((tmp_path / "sweep" / "0").glob(".big.bin.*")):
-        assert run.proc.poll() is None and time.monotonic() < deadline, run.output
-        time.sleep(0.2)
-    run.proc.send_signal(sig)
+    run.wait_until(
+        lambda: bool(list((tmp_path / "sweep" / "0").glob(".big.bin.*"))),
+        timeout=300,
+        what="job #0's output coming home",
+    )
+    run.send(sig)
     if sig == signal.SIGINT:
         run.wait_for("Ctrl-C again within", timeout=60)
     return run
 
 
 def _kept_on_the_head(
-    hosts: FakeHosts, run: RunningApp, why: str = "Ctrl-C interrupted the transfers home"
+    hosts: FakeHosts, run: NetnsApp, why: str = "Ctrl-C interrupted the transfers home"
 ) -> None:
     """The records came home first; the outputs did not (the rsync was cut), and
     they are all in the head's temp dir, kept, with the job spec private to the user."""
@@ -116,14 +116,14 @@ def _kept_on_the_head(
 
 
 @pytest.fixture
-def cleanup_hosts(fake_hosts: FakeHosts) -> Iterator[list[RunningApp]]:
-    runs: list[RunningApp] = []
+def cleanup_hosts(fake_hosts: FakeHosts) -> Iterator[list[NetnsApp]]:
+    runs: list[NetnsApp] = []
     yield runs
     _end(fake_hosts, *runs)
 
 
 def test_ctrl_c_while_outputs_come_home_keeps_them_on_the_cluster_with_commands_that_finish(
-    fake_hosts: FakeHosts, tmp_path: Path, cleanup_hosts: list[RunningApp]
+    fake_hosts: FakeHosts, tmp_path: Path, cleanup_hosts: list[NetnsApp]
 ) -> None:
     run = _interrupted_while_outputs_come_home(fake_hosts, tmp_path)
     cleanup_hosts.append(run)
@@ -151,11 +151,11 @@ def test_ctrl_c_while_outputs_come_home_keeps_them_on_the_cluster_with_commands_
 
 
 def test_a_second_ctrl_c_tears_the_cluster_down_anyway(
-    fake_hosts: FakeHosts, tmp_path: Path, cleanup_hosts: list[RunningApp]
+    fake_hosts: FakeHosts, tmp_path: Path, cleanup_hosts: list[NetnsApp]
 ) -> None:
     run = _interrupted_while_outputs_come_home(fake_hosts, tmp_path)
     cleanup_hosts.append(run)
-    run.proc.send_signal(signal.SIGINT)
+    run.send(signal.SIGINT)
     assert run.wait(timeout=120) == 130, run.output
     _kept_on_the_head(fake_hosts, run)
     assert "Second Ctrl-C: tearing the cluster down anyway" in run.output
@@ -165,7 +165,7 @@ def test_a_second_ctrl_c_tears_the_cluster_down_anyway(
 
 
 def test_sigterm_while_outputs_come_home_ends_the_run_at_once_and_keeps_them_on_the_cluster(
-    fake_hosts: FakeHosts, tmp_path: Path, cleanup_hosts: list[RunningApp]
+    fake_hosts: FakeHosts, tmp_path: Path, cleanup_hosts: list[NetnsApp]
 ) -> None:
     # A batch system's or `kill`'s SIGTERM: the run ends now, as it was told, but
     # the head holds the only copy of the outputs, so the cluster stays.
@@ -183,7 +183,7 @@ def test_sigterm_while_outputs_come_home_ends_the_run_at_once_and_keeps_them_on_
 
 
 def test_outputs_that_cannot_be_written_home_fail_the_run_and_stay_on_the_cluster(
-    fake_hosts: FakeHosts, tmp_path: Path, cleanup_hosts: list[RunningApp]
+    fake_hosts: FakeHosts, tmp_path: Path, cleanup_hosts: list[NetnsApp]
 ) -> None:
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where sync_down's target dir should be made")
