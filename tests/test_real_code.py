@@ -35,6 +35,21 @@ def _app_copy(where: Path, *, rename: tuple[str, str] | None = None) -> Path:
     return where / "trainer.py"
 
 
+def _sweep_succeeds(
+    ray_session: str, sweep: Path, *command: str, cwd: Path, timeout: float = 180
+) -> None:
+    """`python COMMAND` (a script or `-m module`, then `--multirun` and overrides),
+    its sweep dir `sweep`, run in `cwd` on the session's Ray: it exits 0."""
+    res = run_python(
+        *command,
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.launcher.ray.init.address={ray_session}",
+        cwd=cwd,
+        timeout=timeout,
+    )
+    assert res.returncode == 0, res.output
+
+
 def test_a_job_runs_as_its_script_would_on_a_local_ray(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     res = run_app("trainer.py", "x=1,2,3,4", *SMALL_RAY, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
@@ -59,17 +74,17 @@ def test_a_job_that_starts_and_ends_a_fork_pool_again_and_again_never_hangs(
     pool worker outlive Pool.terminate() when the signal came early: the job
     waited for it forever (30 pools per job hung the first sweep tried)."""
     sweep = tmp_path / "sweep"
-    res = run_app(
-        "trainer.py",
+    _sweep_succeeds(
+        ray_session,
+        sweep,
+        str(TRAINER),
+        "--multirun",
         "x=1,2",
         "fork_pools=30",
         "relaunch=false",
-        f"hydra.sweep.dir={sweep}",
-        f"hydra.launcher.ray.init.address={ray_session}",
         cwd=tmp_path,
         timeout=120,
     )
-    assert res.returncode == 0, res.output
     ran_as_its_script(
         sweep,
         [["x=1", "fork_pools=30", "relaunch=False"], ["x=2", "fork_pools=30", "relaunch=False"]],
@@ -83,16 +98,9 @@ def test_the_training_code_example_trains_each_job_on_two_ranks(
     example = tmp_path / "training_code"
     shutil.copytree(REPO / "examples" / "training_code", example)
     sweep = tmp_path / "sweep"
-    res = run_python(
-        "train.py",
-        "--multirun",
-        "lr=0.1,0.01",
-        "ranks=2",
-        f"hydra.sweep.dir={sweep}",
-        f"hydra.launcher.ray.init.address={ray_session}",
-        cwd=example,
+    _sweep_succeeds(
+        ray_session, sweep, "train.py", "--multirun", "lr=0.1,0.01", "ranks=2", cwd=example
     )
-    assert res.returncode == 0, res.output
     load = "import pickle, sys\nclass Model: ...\nprint(pickle.load(open(sys.argv[1], 'rb')).w)"
     for num in (0, 1):
         weights = {
@@ -113,16 +121,7 @@ def test_an_app_run_with_python_m_is_relaunched_with_m(ray_session: str, tmp_pat
     _app_copy(package)
     (package / "__init__.py").write_text("")
     sweep = tmp_path / "sweep"
-    res = run_python(
-        "-m",
-        "pkg.trainer",
-        "--multirun",
-        "x=1,2",
-        f"hydra.sweep.dir={sweep}",
-        f"hydra.launcher.ray.init.address={ray_session}",
-        cwd=tmp_path,
-    )
-    assert res.returncode == 0, res.output
+    _sweep_succeeds(ray_session, sweep, "-m", "pkg.trainer", "--multirun", "x=1,2", cwd=tmp_path)
     reports = ran_as_its_script(sweep, [["x=1"], ["x=2"]])
     assert {r["main_spec"] for r in reports} == {"pkg.trainer"}
     assert {r["argv"][0] for r in reports} == {str(package / "trainer.py")}
@@ -134,16 +133,15 @@ def test_two_apps_of_one_file_name_each_see_their_own_script_on_one_warm_ray(
     first = _app_copy(tmp_path / "first")
     second = _app_copy(tmp_path / "second", rename=("Model", "Network"))
     for script in (first, second):
-        res = run_python(
+        _sweep_succeeds(
+            ray_session,
+            script.parent / "sweep",
             str(script),
             "--multirun",
             "x=1,2",
             "relaunch=false",
-            f"hydra.sweep.dir={script.parent / 'sweep'}",
-            f"hydra.launcher.ray.init.address={ray_session}",
             cwd=script.parent,
         )
-        assert res.returncode == 0, res.output
     for script, own, other in ((first, "Model", "Network"), (second, "Network", "Model")):
         for num in (0, 1):
             report = _report(script.parent / "sweep" / str(num))
@@ -165,15 +163,7 @@ def test_a_thin_script_that_imports_its_task_is_still_the_jobs_main_and_argv0(
     entry = tmp_path / "run.py"
     entry.write_text('from proj.trainer import main\n\nif __name__ == "__main__":\n    main()\n')
     sweep = tmp_path / "sweep"
-    res = run_python(
-        str(entry),
-        "--multirun",
-        "x=1,2",
-        f"hydra.sweep.dir={sweep}",
-        f"hydra.launcher.ray.init.address={ray_session}",
-        cwd=tmp_path,
-    )
-    assert res.returncode == 0, res.output
+    _sweep_succeeds(ray_session, sweep, str(entry), "--multirun", "x=1,2", cwd=tmp_path)
     reports = ran_as_its_script(sweep, [["x=1"], ["x=2"]], defined_in_script=False)
     assert {r["argv"][0] for r in reports} == {str(entry)}
 
