@@ -28,6 +28,7 @@ from hydra_ray.checks.validate import (
     validate_cluster_config,
 )
 from hydra_ray.core.errors import ConfigError
+from hydra_ray.core.settings import ClusterSettings, Settings
 
 from .conftest import APPS
 
@@ -179,6 +180,13 @@ def _structured(node: type) -> DictConfig:
     return cfg
 
 
+def _settings(cfg: DictConfig) -> ClusterSettings:
+    """The settings a cluster launcher reads from its config (`core.settings`)."""
+    settings = Settings.of(cfg)
+    assert isinstance(settings, ClusterSettings)
+    return settings
+
+
 def _plain(cfg: DictConfig) -> dict[str, Any]:
     out = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(out, dict)
@@ -294,7 +302,7 @@ def test_a_local_provider_and_any_other_key_of_rays_schema_can_be_added(tmp_path
         "hydra.launcher.ray.cluster.max_workers=2",
         cwd=tmp_path,
     )
-    cluster = cluster_config_for_ray(printed)
+    cluster = cluster_config_for_ray(_settings(printed))
     assert cluster["provider"] == {
         "type": "local",
         "head_ip": "10.0.0.2",
@@ -343,7 +351,7 @@ def test_a_package_that_is_not_installed_is_named(tmp_path: Path) -> None:
 
 
 def test_the_default_aws_config_passes_rays_schema() -> None:
-    cluster = cluster_config_for_ray(_aws())
+    cluster = cluster_config_for_ray(_settings(_aws()))
     validate_cluster_config(cluster)
     # No docker (image ''), no legacy keys: Ray would crash or refuse them.
     assert "docker" not in cluster
@@ -355,7 +363,7 @@ def test_pip_packages_and_commands_come_first_in_setup_commands_once() -> None:
     cfg = _aws(setup_commands=["echo mine"])
     cfg.env_setup.pip_packages.numpy = None
     cfg.env_setup.pip_packages.scipy = ">=1.11"
-    first = cluster_config_for_ray(cfg)
+    first = cluster_config_for_ray(_settings(cfg))
     v = importlib.metadata.version
     assert first["setup_commands"] == [
         f"conda create -n hydra_{PY_MICRO} python={PY_MICRO} -y",
@@ -376,17 +384,20 @@ def test_pip_packages_and_commands_come_first_in_setup_commands_once() -> None:
         f"ray[default]=={v('ray')}",
     ]
     # Once per multirun or twice: the same, and the user's config is untouched.
-    assert cluster_config_for_ray(cfg) == first
+    assert cluster_config_for_ray(_settings(cfg)) == first
     assert list(cfg.ray.cluster.setup_commands) == ["echo mine"]
     assert ".dev" in __version__
     cfg.env_setup.pip_packages.hydra_ray_launcher = "2.0.0"
-    assert "pip install hydra-ray-launcher==2.0.0" in cluster_config_for_ray(cfg)["setup_commands"]
+    assert (
+        "pip install hydra-ray-launcher==2.0.0"
+        in cluster_config_for_ray(_settings(cfg))["setup_commands"]
+    )
 
 
 def test_legacy_keys_are_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     cfg = _aws(initial_workers=1, autoscaling_mode="default", target_utilization_fraction=0.8)
     with caplog.at_level(logging.WARNING):
-        cluster = cluster_config_for_ray(cfg)
+        cluster = cluster_config_for_ray(_settings(cfg))
     for key in ("initial_workers", "autoscaling_mode", "target_utilization_fraction"):
         assert key not in cluster
         assert any(
@@ -398,7 +409,7 @@ def test_legacy_keys_are_dropped_with_a_warning(caplog: pytest.LogCaptureFixture
 
 def test_unset_legacy_keys_give_no_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        cluster_config_for_ray(_aws())
+        cluster_config_for_ray(_settings(_aws()))
     assert caplog.records == []
 
 
@@ -412,14 +423,14 @@ def test_unset_legacy_keys_give_no_warning(caplog: pytest.LogCaptureFixture) -> 
     ],
 )
 def test_a_schema_error_names_the_key(change: dict[str, Any], named: str) -> None:
-    cluster = {**cluster_config_for_ray(_aws()), **change}
+    cluster = {**cluster_config_for_ray(_settings(_aws())), **change}
     with pytest.raises(ConfigError) as err:
         validate_cluster_config(cluster)
     assert str(err.value).startswith(named)
 
 
 def test_an_unknown_key_is_shown_beside_the_keys_ray_knows() -> None:
-    cluster = {**cluster_config_for_ray(_aws()), "rsync_excludes": ["*.pt"]}
+    cluster = {**cluster_config_for_ray(_settings(_aws())), "rsync_excludes": ["*.pt"]}
     with pytest.raises(ConfigError, match="Ray's cluster config schema has no such key") as err:
         validate_cluster_config(cluster)
     assert "rsync_exclude," in str(err.value)
@@ -429,7 +440,7 @@ def test_a_typo_inside_a_node_type_is_named_with_its_path() -> None:
     cfg = _aws()
     cfg.ray.cluster.available_node_types["ray.worker.default"].min_worker = 1
     with pytest.raises(ConfigError) as err:
-        validate_cluster_config(cluster_config_for_ray(cfg))
+        validate_cluster_config(cluster_config_for_ray(_settings(cfg)))
     assert "hydra.launcher.ray.cluster.available_node_types.ray.worker.default.min_worker" in str(
         err.value
     )
@@ -437,21 +448,23 @@ def test_a_typo_inside_a_node_type_is_named_with_its_path() -> None:
 
 def test_a_head_node_type_that_is_not_a_node_type_is_refused() -> None:
     with pytest.raises(ConfigError, match="`head_node_type` must be one of"):
-        validate_cluster_config(cluster_config_for_ray(_aws(head_node_type="ray.head.gpu")))
+        validate_cluster_config(
+            cluster_config_for_ray(_settings(_aws(head_node_type="ray.head.gpu")))
+        )
 
 
 def test_a_docker_image_needs_a_container_name() -> None:
     cfg = _aws(docker={"image": "rayproject/ray:2.60.0", "container_name": ""})
     with pytest.raises(ConfigError, match=r"hydra.launcher.ray.cluster.docker: .*container_name"):
-        validate_cluster_config(cluster_config_for_ray(cfg))
+        validate_cluster_config(cluster_config_for_ray(_settings(cfg)))
     cfg.ray.cluster.docker.container_name = "ray"
-    cluster = cluster_config_for_ray(cfg)
+    cluster = cluster_config_for_ray(_settings(cfg))
     assert cluster["docker"]["image"] == "rayproject/ray:2.60.0"
     validate_cluster_config(cluster)
 
 
 def test_ray_cluster_without_a_provider_says_what_to_set(tmp_path: Path) -> None:
-    cluster = cluster_config_for_ray(_structured(RayClusterLauncherConf))
+    cluster = cluster_config_for_ray(_settings(_structured(RayClusterLauncherConf)))
     with pytest.raises(ConfigError, match=r"hydra.launcher.ray.cluster.provider.type is not set"):
         validate_cluster_config(cluster)
     cluster["provider"] = {"type": "gpc"}
@@ -462,13 +475,13 @@ def test_ray_cluster_without_a_provider_says_what_to_set(tmp_path: Path) -> None
 def test_ray_cluster_with_only_a_provider_gets_rays_defaults_for_it() -> None:
     cfg = _structured(RayClusterLauncherConf)
     cfg.ray.cluster.provider = {"type": "aws", "region": "eu-west-1"}
-    cluster = cluster_config_for_ray(cfg)
+    cluster = cluster_config_for_ray(_settings(cfg))
     assert set(cluster) == {"provider", "setup_commands"}
     validate_cluster_config(cluster)
 
 
 def test_a_local_cluster_passes_with_rays_own_defaults(tmp_path: Path) -> None:
-    cluster = cluster_config_for_ray(_local_cluster(tmp_path))
+    cluster = cluster_config_for_ray(_settings(_local_cluster(tmp_path)))
     # Nothing of ray_cluster's own but the provider, auth and the environment setup.
     assert set(cluster) == {"provider", "auth", "setup_commands"}
     validate_cluster_config(cluster)
@@ -496,7 +509,7 @@ def test_cluster_yaml_is_the_base_and_ray_cluster_keys_go_on_top(
     cfg.ray.cluster.provider = {"worker_ips": ["10.0.0.10"]}
     cfg.ray.cluster.auth = {"ssh_private_key": "~/.ssh/k"}
     with caplog.at_level(logging.WARNING):
-        cluster = cluster_config_for_ray(cfg)
+        cluster = cluster_config_for_ray(_settings(cfg))
     assert cluster["cluster_name"] == "from-yaml"
     assert cluster["max_workers"] == 1
     assert cluster["provider"] == {
@@ -524,13 +537,13 @@ def test_a_cluster_yaml_that_cannot_be_read_is_named(
     cfg = _structured(RayClusterLauncherConf)
     cfg.cluster_yaml = "missing.yaml"
     with pytest.raises(ConfigError, match=r"hydra.launcher.cluster_yaml=missing.yaml: cannot read"):
-        cluster_config_for_ray(cfg)
+        cluster_config_for_ray(_settings(cfg))
     Path("list.yaml").write_text("- a\n- b\n")
     cfg.cluster_yaml = "list.yaml"
     with pytest.raises(
         ConfigError, match=r"hydra.launcher.cluster_yaml=list.yaml: .* does not hold"
     ):
-        cluster_config_for_ray(cfg)
+        cluster_config_for_ray(_settings(cfg))
 
 
 # ---- checks before anything is created ----
@@ -539,10 +552,10 @@ def test_a_cluster_yaml_that_cannot_be_read_is_named(
 def test_restart_only_and_no_restart_together_are_refused() -> None:
     cfg = _aws()
     cfg.create_update_cluster.restart_only = True
-    check_launch_preconditions(cfg)
+    check_launch_preconditions(_settings(cfg))
     cfg.create_update_cluster.no_restart = True
     with pytest.raises(ConfigError) as err:
-        check_launch_preconditions(cfg)
+        check_launch_preconditions(_settings(cfg))
     assert "hydra.launcher.create_update_cluster.restart_only=true" in str(err.value)
     assert "hydra.launcher.create_update_cluster.no_restart=true" in str(err.value)
 
@@ -554,14 +567,14 @@ def test_a_missing_sync_up_source_dir_is_refused_with_its_path(
     cfg = _aws()
     cfg.sync_up.source_dir = "code"
     with pytest.raises(ConfigError) as err:
-        check_launch_preconditions(cfg)
+        check_launch_preconditions(_settings(cfg))
     assert f"hydra.launcher.sync_up.source_dir=code: {tmp_path / 'code'} is not a directory" in str(
         err.value
     )
     (tmp_path / "code").mkdir()
-    check_launch_preconditions(cfg)
+    check_launch_preconditions(_settings(cfg))
     cfg.sync_up.source_dir = str(tmp_path / "code")
-    check_launch_preconditions(cfg)
+    check_launch_preconditions(_settings(cfg))
 
 
 def test_missing_rsync_and_ssh_are_refused_with_how_to_install_them(
@@ -571,7 +584,7 @@ def test_missing_rsync_and_ssh_are_refused_with_how_to_install_them(
     with pytest.raises(
         ConfigError, match=r"rsync and ssh not found on PATH.*apt-get install rsync"
     ):
-        check_launch_preconditions(_aws())
+        check_launch_preconditions(_settings(_aws()))
 
 
 @pytest.mark.parametrize(
@@ -592,13 +605,13 @@ def test_values_out_of_range_are_refused(key: str, value: Any) -> None:
     cfg = _aws()
     OmegaConf.update(cfg, key, value)
     with pytest.raises(ConfigError, match=f"hydra.launcher.{key}={value} is not"):
-        check_launch_preconditions(cfg)
+        check_launch_preconditions(_settings(cfg))
 
 
 def test_autodown_can_be_turned_off() -> None:
     cfg = _aws()
     OmegaConf.update(cfg, "autodown_minutes", None)
-    check_launch_preconditions(cfg)
+    check_launch_preconditions(_settings(cfg))
 
 
 def test_every_problem_of_a_launch_is_refused_at_once(tmp_path: Path) -> None:
@@ -609,7 +622,7 @@ def test_every_problem_of_a_launch_is_refused_at_once(tmp_path: Path) -> None:
     with open_dict(cfg.ray.remote):  # as `+hydra.launcher.ray.remote.num_gpu=1` adds it
         cfg.ray.remote.num_gpu = 1
     with pytest.raises(ConfigError) as refused:
-        check_launch_preconditions(cfg)
+        check_launch_preconditions(_settings(cfg))
     message = str(refused.value)
     for key in ("logging.verbosity=7", "ray.run_env=vm", "sync_up.source_dir=", "ray.remote is"):
         assert f"hydra.launcher.{key}" in message, message
@@ -623,7 +636,7 @@ def test_the_guides_logging_values_pass() -> None:
                 cfg.logging.log_style = style
                 cfg.logging.color_mode = color
                 cfg.logging.verbosity = verbosity
-                check_launch_preconditions(cfg)
+                check_launch_preconditions(_settings(cfg))
 
 
 def test_ray_prints_the_long_sweep_keys_with_their_defaults(tmp_path: Path) -> None:
@@ -651,10 +664,10 @@ def test_the_plugin_ships_with_the_rich_that_draws_the_heads_display(tmp_path: P
 
 
 def test_without_a_cluster_name_each_multirun_gets_its_own_named_after_the_app() -> None:
-    cluster = cluster_config_for_ray(_aws())
+    cluster = cluster_config_for_ray(_settings(_aws()))
     assert "cluster_name" not in cluster
-    first = named_cluster(cluster, _aws(), "My_App")
-    second = named_cluster(cluster, _aws(), "My_App")
+    first = named_cluster(cluster, _settings(_aws()), "My_App")
+    second = named_cluster(cluster, _settings(_aws()), "My_App")
     assert re.fullmatch(r"hydra-my-app-[0-9a-f]{8}", first["cluster_name"])
     assert first["cluster_name"] != second["cluster_name"]
     validate_cluster_config(first)
@@ -662,21 +675,24 @@ def test_without_a_cluster_name_each_multirun_gets_its_own_named_after_the_app()
 
 def test_a_cluster_name_given_by_the_user_is_used_as_it_is(tmp_path: Path) -> None:
     given = _aws(cluster_name="shared-cluster")
-    assert named_cluster(cluster_config_for_ray(given), given, "app")["cluster_name"] == (
-        "shared-cluster"
-    )
+    assert named_cluster(cluster_config_for_ray(_settings(given)), _settings(given), "app")[
+        "cluster_name"
+    ] == ("shared-cluster")
     cluster_yaml = tmp_path / "cluster.yaml"
     cluster_yaml.write_text("cluster_name: from-yaml\nprovider: {type: local, head_ip: h}\n")
     cfg = _structured(RayClusterLauncherConf)
     cfg.cluster_yaml = str(cluster_yaml)
-    assert named_cluster(cluster_config_for_ray(cfg), cfg, "app")["cluster_name"] == "from-yaml"
+    assert (
+        named_cluster(cluster_config_for_ray(_settings(cfg)), _settings(cfg), "app")["cluster_name"]
+        == "from-yaml"
+    )
 
 
 def test_stop_cluster_false_without_a_cluster_name_is_refused_before_anything_starts() -> None:
     cfg = _aws()
     cfg.stop_cluster = False
     with pytest.raises(ConfigError, match=r"set hydra\.launcher\.ray\.cluster\.cluster_name"):
-        named_cluster(cluster_config_for_ray(cfg), cfg, "app")
+        named_cluster(cluster_config_for_ray(_settings(cfg)), _settings(cfg), "app")
 
 
 @pytest.mark.parametrize("name", ["../../.ssh", "a b", "-rf", "x;reboot", "a..b"])
@@ -687,10 +703,13 @@ def test_a_cluster_name_that_is_no_plain_name_is_refused_with_the_characters_to_
     disarm once became `rm -rf ~/.hydra_ray/autodown/../../.ssh`)."""
     cfg = _aws(cluster_name=name)
     with pytest.raises(ConfigError, match=r"hydra\.launcher\.ray\.cluster\.cluster_name=") as exc:
-        named_cluster(cluster_config_for_ray(cfg), cfg, "app")
+        named_cluster(cluster_config_for_ray(_settings(cfg)), _settings(cfg), "app")
     assert "letters, digits, '-', '_' and '.'" in str(exc.value)
     ok = _aws(cluster_name="my-sweep_2.b")
-    assert named_cluster(cluster_config_for_ray(ok), ok, "app")["cluster_name"] == "my-sweep_2.b"
+    assert (
+        named_cluster(cluster_config_for_ray(_settings(ok)), _settings(ok), "app")["cluster_name"]
+        == "my-sweep_2.b"
+    )
 
 
 @pytest.mark.parametrize("minutes", [1e17, 525_601])
@@ -698,10 +717,10 @@ def test_an_autodown_longer_than_a_year_is_refused_naming_null_instead(minutes: 
     cfg = _aws()
     OmegaConf.update(cfg, "autodown_minutes", minutes)
     with pytest.raises(ConfigError, match=r"autodown_minutes=.* is not valid.*at most 525600") as e:
-        check_launch_preconditions(cfg)
+        check_launch_preconditions(_settings(cfg))
     assert "or null to keep it until `ray down`" in str(e.value)
     OmegaConf.update(cfg, "autodown_minutes", 525_600)
-    check_launch_preconditions(cfg)
+    check_launch_preconditions(_settings(cfg))
 
 
 def _without_aws(tmp_path: Path) -> dict[str, str]:
@@ -756,8 +775,10 @@ def test_a_path_on_the_head_that_a_shell_there_would_read_is_refused(key: str, v
     else:
         OmegaConf.update(cfg, key.removeprefix("hydra.launcher."), value)
     with pytest.raises(ConfigError) as err:
-        check_launch_preconditions(cfg, remote_path_problems(cfg, sweep_dir))
+        check_launch_preconditions(_settings(cfg), remote_path_problems(_settings(cfg), sweep_dir))
     assert f"{key}={value!r} goes to a shell on the cluster's head" in str(err.value)
     # Hydra's default names, and the ones the launcher gives, pass.
-    check_launch_preconditions(_aws(), remote_path_problems(_aws(), "multirun/2026-12-07/13-20-00"))
-    check_launch_preconditions(_aws(), remote_path_problems(_aws(), None))
+    check_launch_preconditions(
+        _settings(_aws()), remote_path_problems(_settings(_aws()), "multirun/2026-12-07/13-20-00")
+    )
+    check_launch_preconditions(_settings(_aws()), remote_path_problems(_settings(_aws()), None))

@@ -21,13 +21,13 @@ from hydra_plugins.hydra_ray_launcher._config import (
     RayJobsLauncherConf,
     RayLauncherConf,
 )
+from hydra_ray.checks.resources import plain_dict, without_nulls
 from hydra_ray.checks.validate import (
     _LEGACY_CLUSTER_KEYS,
     cluster_config_for_ray,
-    plain_dict,
     ray_init_kwargs,
-    without_nulls,
 )
+from hydra_ray.core.settings import ClusterSettings, Settings
 
 APPS = Path(__file__).parent / "apps"
 LAUNCHERS = {"ray": RayLauncherConf, "ray_aws": RayAWSLauncherConf}
@@ -119,7 +119,9 @@ def test_every_key_is_settable_from_the_command_line_and_reaches_ray(
         )
     elif key.startswith("ray.cluster.") and section == "ray":
         name = key.removeprefix("ray.cluster.")
-        cluster = cluster_config_for_ray(settings)
+        cluster_settings = Settings.of(settings)
+        assert isinstance(cluster_settings, ClusterSettings)
+        cluster = cluster_config_for_ray(cluster_settings)
         if name in _LEGACY_CLUSTER_KEYS:
             assert name not in cluster  # dropped with a warning: Ray refuses them
         elif name == "docker":

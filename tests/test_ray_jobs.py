@@ -32,6 +32,7 @@ from hydra.test_utils.launcher_common_tests import (
 from omegaconf import OmegaConf
 
 from hydra_ray.core.records import read_record
+from hydra_ray.core.settings import SyncDown
 from hydra_ray.infra.scratch import machine_tag
 from hydra_ray.launch.sweep import SweepBook, SweepSettings
 
@@ -1010,18 +1011,12 @@ def test_a_pack_that_cannot_be_fetched_from_storage_stays_there_and_is_named(
     (shared / "hydra-app-1.tar").write_bytes(b"not the pack the driver made")
     where = {"storage": f"file://{shared}", "key": "hydra-app-1.tar", "size": 10, "sha256": "0"}
     logs = f"a log line\n{PACK_MARK}{json.dumps(where)}\n"  # the driver's last line
-    down: dict[str, Any] = {
-        "target_dir": None,
-        "include": [],
-        "exclude": [],
-        "storage": f"file://{shared}",
-    }
-    settings = OmegaConf.create({"sync_down": down})
+    down = SyncDown(target_dir=None, include=[], exclude=[], storage=f"file://{shared}")
     book = SweepBook(tmp_path / "sweep", [], SweepSettings(False, False, Policy()))
     dashboard = Dashboard("http://127.0.0.1:1", {}, True)
     with pytest.raises(OutputsNotHomeError, match=r"damaged.*they stay in file://"):
         _jobs_api._bring_pack_home(
-            dashboard, "hydra-app-1", _jobs_api._pack_location(logs), settings, book, tmp_path
+            dashboard, "hydra-app-1", _jobs_api._pack_location(logs), down, book, tmp_path
         )
     assert (shared / "hydra-app-1.tar").is_file()  # nothing removed that did not come home
 

@@ -18,7 +18,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from hydra_plugins.hydra_ray_launcher._config import SweepRunConf
+from hydra_plugins.hydra_ray_launcher._config import RayLauncherConf
 from hydra_ray.core import records as _records
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.jobs import FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, Job, JobOutcome, Policy
@@ -32,6 +32,7 @@ from hydra_ray.core.records import (
     write_summary,
 )
 from hydra_ray.core.seal import SWEEP_ID, seal
+from hydra_ray.core.settings import Settings
 from hydra_ray.core.wire import HEAD_SWEEP_DIR
 from hydra_ray.driver.protocol import sweep_dir_on_cluster
 from hydra_ray.engine.report import MAX_TABLE_ROWS, summary_table
@@ -55,9 +56,9 @@ def run_batch(
 
 def settings(**keys: Any) -> SweepSettings:
     """The sweep settings of a launcher config with these keys over the face's defaults."""
-    defaults = OmegaConf.to_container(OmegaConf.structured(SweepRunConf))
+    defaults = OmegaConf.to_container(OmegaConf.structured(RayLauncherConf))
     assert isinstance(defaults, dict)  # untyped: the checks see the values as given
-    return sweep_settings(OmegaConf.create({**defaults, "progress": False, **keys}))
+    return sweep_settings(Settings.of(OmegaConf.create({**defaults, "progress": False, **keys})))
 
 
 def outcome(

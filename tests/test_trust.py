@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import DictConfig, OmegaConf
 
 from hydra_ray.core.errors import Unauthentic
 from hydra_ray.core.jobs import Job, JobOutcome, Policy
 from hydra_ray.core.records import RECORD_DIR, read_record, write_manifest, write_record
+from hydra_ray.core.settings import SyncDown
 from hydra_ray.core.wire import PACK_MARK, RETURNS
 from hydra_ray.driver import head
 from hydra_ray.driver.protocol import PackPlan, dump_outcomes, stored_sidecar
@@ -99,18 +99,8 @@ def _outcome(idx: int, value: Any) -> JobOutcome:
     return JobOutcome(idx, ret, 0.0, 1.0, "10.0.0.3")
 
 
-def _settings(storage: str | None) -> DictConfig:
-    return OmegaConf.create(
-        {
-            "sync_down": {
-                "storage": storage,
-                "source_dir": None,
-                "target_dir": None,
-                "include": [],
-                "exclude": [],
-            }
-        }
-    )
+def _sync_down(storage: str | None) -> SyncDown:
+    return SyncDown(target_dir=None, include=[], exclude=[], storage=storage)
 
 
 def _head_stores(
@@ -140,7 +130,7 @@ def test_a_genuine_pack_in_the_storage_comes_home_on_resume(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 
-    outcomes = _from_storage(noted, _settings(storage), book, scratch)
+    outcomes = _from_storage(noted, _sync_down(storage), book, scratch)
 
     assert outcomes is not None
     assert [(o.idx, o.job_return.return_value) for o in outcomes] == [(0, 0.5), (1, 0.25)]
@@ -181,7 +171,7 @@ def _resume_from(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     noted = {"storage": storage, "key": "c-1.tar"}
-    _from_storage(noted, _settings(storage), book, scratch)
+    _from_storage(noted, _sync_down(storage), book, scratch)
 
 
 def _crafted_pack(marker: Path) -> bytes:
@@ -244,11 +234,11 @@ def test_a_ray_job_s_log_line_names_no_storage_and_no_pack_here(
 
     # No storage configured here: the one the line names is not read.
     with pytest.raises(Exception, match=r"did not come home"):
-        jobs_api._bring_pack_home(dashboard, "sub-1", where, _settings(None), book, tmp_path)
+        jobs_api._bring_pack_home(dashboard, "sub-1", where, _sync_down(None), book, tmp_path)
     # The configured storage, holding a crafted pack under this submission's name.
     _put(storage, "sub-1.tar", pack, tmp_path)
     with pytest.raises(Unauthentic, match=r"sub-1\.tar from .*does not verify"):
-        jobs_api._bring_pack_home(dashboard, "sub-1", where, _settings(storage), book, tmp_path)
+        jobs_api._bring_pack_home(dashboard, "sub-1", where, _sync_down(storage), book, tmp_path)
     assert not marker.exists()
     assert (elsewhere / "evil.tar").is_file()
     from hydra_ray.infra.storage import exists
@@ -345,7 +335,7 @@ def test_a_hostile_dashboard_s_pack_and_log_line_run_nothing_here(tmp_path: Path
         where = jobs_api._pack_location(f"{PACK_MARK}{json.dumps(line)}\n")
         dashboard = Dashboard(server.address, {}, True)
         with pytest.raises(Unauthentic, match=r"sub-1\.tar from the dashboard at http"):
-            jobs_api._bring_pack_home(dashboard, "sub-1", where, _settings(None), book, tmp_path)
+            jobs_api._bring_pack_home(dashboard, "sub-1", where, _sync_down(None), book, tmp_path)
         # The file asked for is this submission's pack, not the one the line names.
         assert len(server.asked) == 1 and "filename=sub-1.tar" in server.asked[0], server.asked
     finally:

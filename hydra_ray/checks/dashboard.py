@@ -5,20 +5,19 @@ with the sweep's (`checks.validate`), everything refused before an upload."""
 import math
 import shutil
 
-from omegaconf import DictConfig
-
 from hydra_ray.checks.validate import reconnect_problems, source_dir_problems, sweep_problems
 from hydra_ray.core.errors import ConfigError
+from hydra_ray.core.settings import JobsSettings
 from hydra_ray.infra.dashboard import dashboard_for
 from hydra_ray.infra.storage import storage_problems
 
 
-def jobs_problems(settings: DictConfig) -> list[ConfigError]:
+def jobs_problems(settings: JobsSettings) -> list[ConfigError]:
     """What the ray_jobs launcher refuses before anything is uploaded."""
     return sweep_problems(settings) + dashboard_problems(settings)
 
 
-def dashboard_problems(settings: DictConfig) -> list[ConfigError]:
+def dashboard_problems(settings: JobsSettings) -> list[ConfigError]:
     """The ray_jobs launcher's own keys that cannot work: the address, sync_up."""
     problems: list[ConfigError] = []
     try:

@@ -8,7 +8,7 @@ has them composes each job's config in the process that submits the jobs (the
 launching one, or the driver on a cluster's head), job by job as it submits
 them, and hands that config to the job, which then does not compose it again.
 
-Imports no Ray: Ray's own check of the options is called through `checks.validate`.
+Ray is imported only where `check_remote_options` asks ray.remote() itself.
 """
 
 import math
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from hydra_ray.checks.validate import check_remote_options, plain_dict
 from hydra_ray.core.errors import ConfigError, ResourceError
 from hydra_ray.core.redact import redacting_logger
 
@@ -36,6 +35,48 @@ REMOTE_KEY = "hydra.launcher.ray.remote"
 # the sweep before anything runs. The rest are resolved as they are submitted,
 # so a sweep of 10,000 jobs does not wait for 10,000 composes before its first.
 AHEAD_S = 2.0
+
+
+def plain_dict(node: DictConfig) -> dict[str, Any]:
+    """A config node as the plain dict Ray's APIs take, interpolations resolved."""
+    container = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(container, dict)
+    return {str(k): v for k, v in container.items()}
+
+
+def without_nulls(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Null means "Ray's default": such keys are not passed to Ray at all."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+# What ray.remote() takes as a string scheduling_strategy (it checks only at submission).
+_SCHEDULING_STRATEGIES = ("DEFAULT", "SPREAD")
+
+
+def check_remote_options(remote: Mapping[str, Any]) -> dict[str, Any]:
+    """The `ray.remote` options of every job's task, checked by ray.remote()
+    itself (no Ray needs to run): returns them without nulls. Raises ConfigError."""
+    import ray
+
+    options = without_nulls(remote)
+    strategy = options.get("scheduling_strategy")
+    if isinstance(strategy, str) and strategy not in _SCHEDULING_STRATEGIES:
+        raise ConfigError(
+            f"hydra.launcher.ray.remote.scheduling_strategy={strategy} is not valid: Ray takes "
+            f"{' or '.join(_SCHEDULING_STRATEGIES)} (upper case), or null for Ray's default"
+        )
+    try:
+        ray.remote(_no_op).options(**options)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"hydra.launcher.ray.remote is not valid for ray.remote(): {str(exc).rstrip('.')}. "
+            "Use the option names and value types of ray.remote()."
+        ) from None
+    return options
+
+
+def _no_op() -> None:
+    pass
 
 
 def interpolations(node: DictConfig | ListConfig, prefix: str = REMOTE_KEY) -> Iterator[str]:

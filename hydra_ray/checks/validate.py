@@ -16,11 +16,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hydra_ray.checks.resources import check_remote_options, plain_dict, without_nulls
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.redact import redacting_logger
+from hydra_ray.core.settings import (
+    ClusterSettings,
+    DetachedSettings,
+    Settings,
+)
 
 log = redacting_logger(__name__)
 
@@ -34,18 +40,6 @@ _NODE_RESOURCE_KEYS = (
     "resources",
     "labels",
 )
-
-
-def plain_dict(node: DictConfig) -> dict[str, Any]:
-    """A config node as the plain dict Ray's APIs take, interpolations resolved."""
-    container = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(container, dict)
-    return {str(k): v for k, v in container.items()}
-
-
-def without_nulls(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Null means "Ray's default": such keys are not passed to Ray at all."""
-    return {k: v for k, v in options.items() if v is not None}
 
 
 def ray_init_kwargs(init: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,10 +70,10 @@ def ray_init_kwargs(init: Mapping[str, Any]) -> dict[str, Any]:
 # ---- Every launcher: the keys that shape a sweep's run ----
 
 
-def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+def settings_problems(settings: Settings) -> list[ConfigError]:
     """`retries`, `job_timeout_s` and `max_concurrent_jobs` values that cannot work."""
     problems = []
-    retries = launcher_cfg.retries
+    retries = settings.retries
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         problems.append(
             ConfigError(
@@ -87,7 +81,7 @@ def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "default) or to how many more times a job that raises may run (a whole number)"
             )
         )
-    timeout = launcher_cfg.job_timeout_s
+    timeout = settings.job_timeout_s
     # NaN passes `<= 0` and never expires (the driver would busy-loop); no limit
     # is null, one way to say it.
     if timeout is not None and (
@@ -100,7 +94,7 @@ def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "limit" + (" (not inf)" if timeout == math.inf else "")
             )
         )
-    grace = launcher_cfg.stop_grace_s
+    grace = settings.stop_grace_s
     if not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
         problems.append(
             ConfigError(
@@ -109,7 +103,7 @@ def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "finite number >= 0; 0: cancel at once)"
             )
         )
-    cap = launcher_cfg.max_concurrent_jobs
+    cap = settings.max_concurrent_jobs
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         problems.append(
             ConfigError(
@@ -121,12 +115,12 @@ def settings_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
     return problems
 
 
-def sweep_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+def sweep_problems(settings: Settings) -> list[ConfigError]:
     """What every launcher refuses before Ray starts: the settings, and
     `ray.remote` options that ray.remote() refuses."""
-    problems = settings_problems(launcher_cfg)
+    problems = settings_problems(settings)
     try:
-        check_remote_options(plain_dict(launcher_cfg.ray.remote))
+        check_remote_options(plain_dict(settings.ray_remote))
     except ConfigError as exc:
         problems.append(exc)
     except OmegaConfBaseException:
@@ -172,11 +166,9 @@ _CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 # A year: longer is no teardown at all (null says that), and the watchdog's shell
 # arithmetic overflows on the seconds of values such as 1e17.
 _MAX_AUTODOWN_MINUTES = 525_600
-# What ray.remote() takes as a string scheduling_strategy (it checks only at submission).
-_SCHEDULING_STRATEGIES = ("DEFAULT", "SPREAD")
 
 
-def cluster_config_for_ray(launcher_cfg: DictConfig) -> dict[str, Any]:
+def cluster_config_for_ray(settings: ClusterSettings) -> dict[str, Any]:
     """The plain dict given to Ray's cluster launcher, from `hydra.launcher`.
 
     The file of `cluster_yaml` (if set) is the base; the keys of `ray.cluster`
@@ -192,11 +184,11 @@ def cluster_config_for_ray(launcher_cfg: DictConfig) -> dict[str, Any]:
     - `setup_commands` becomes env_setup.commands, then one `pip install` per
       env_setup.pip_packages entry, then the user's own setup_commands.
 
-    Pure: `launcher_cfg` is not changed, so calling it again gives the same dict.
+    Pure: `settings` is not changed, so calling it again gives the same dict.
     Raises ConfigError if cluster_yaml cannot be read.
     """
-    base = _load_cluster_yaml(launcher_cfg.get("cluster_yaml"))
-    ours = plain_dict(launcher_cfg.ray.cluster)
+    base = _load_cluster_yaml(settings.cluster_yaml)
+    ours = copy.deepcopy(settings.cluster)
     for key in _LEGACY_CLUSTER_KEYS:
         if base.pop(key, None) is not None:
             _warn_legacy(f"{key} in hydra.launcher.cluster_yaml", key)
@@ -212,8 +204,8 @@ def cluster_config_for_ray(launcher_cfg: DictConfig) -> dict[str, Any]:
     ):
         del cluster["docker"]
     cluster["setup_commands"] = [
-        *(str(c) for c in launcher_cfg.env_setup.commands),
-        *_pip_commands(plain_dict(launcher_cfg.env_setup.pip_packages)),
+        *settings.setup_commands,
+        *_pip_commands(settings.pip_packages),
         *cluster.get("setup_commands", []),
     ]
     return cluster
@@ -245,7 +237,7 @@ def check_provider_access(cluster: Mapping[str, Any]) -> None:
 
 
 def named_cluster(
-    cluster: Mapping[str, Any], launcher_cfg: DictConfig, app_name: str
+    cluster: Mapping[str, Any], settings: ClusterSettings, app_name: str
 ) -> dict[str, Any]:
     """`cluster` with its `cluster_name`: the user's (ray.cluster or cluster_yaml),
     used as it is, else one unique to this multirun, `hydra-<app>-<8 hex>`, so that
@@ -262,7 +254,7 @@ def named_cluster(
                 "a letter or digit, at most 100 (e.g. 'my-sweep')"
             )
         return dict(cluster)
-    if not launcher_cfg.stop_cluster:
+    if not settings.stop_cluster:
         raise ConfigError(
             "hydra.launcher.stop_cluster=false keeps the cluster for the next run, which "
             "finds it by its name, but no name is given: set "
@@ -428,11 +420,11 @@ def _schema_error_message(exc: Any) -> str:
     return f"{key}: Ray's cluster config schema refuses it: {exc.message}. Change it."
 
 
-def check_launch_preconditions(launcher_cfg: DictConfig, more: Sequence[ConfigError] = ()) -> None:
+def check_launch_preconditions(settings: ClusterSettings, more: Sequence[ConfigError] = ()) -> None:
     """Refuse, before anything is created, a cluster launcher config that cannot
     work (every problem of `sweep_problems` and `cluster_launch_problems`, and
     the caller's `more`, in one error). Raises ConfigError."""
-    refuse(sweep_problems(launcher_cfg) + cluster_launch_problems(launcher_cfg) + list(more))
+    refuse(sweep_problems(settings) + cluster_launch_problems(settings) + list(more))
 
 
 # A path on the head: Ray's rsync and its docker runner hand it to a shell there
@@ -440,13 +432,13 @@ def check_launch_preconditions(launcher_cfg: DictConfig, more: Sequence[ConfigEr
 _REMOTE_PATH = re.compile(r"[A-Za-z0-9_./~+=:@,%-]+")
 
 
-def remote_path_problems(launcher_cfg: DictConfig, sweep_dir: str | None) -> list[ConfigError]:
+def remote_path_problems(settings: DetachedSettings, sweep_dir: str | None) -> list[ConfigError]:
     """Paths that name places on the cluster's head and would reach a shell
     there (a space, a quote, `$`, `;`, ...): refused by key, with the fix.
     `sweep_dir`: hydra.sweep.dir where the head uses it as it is (relative)."""
     head_paths = {
-        "hydra.launcher.sync_up.target_dir": launcher_cfg.sync_up.target_dir,
-        "hydra.launcher.sync_down.source_dir": launcher_cfg.sync_down.source_dir,
+        "hydra.launcher.sync_up.target_dir": settings.sync_up.target_dir,
+        "hydra.launcher.sync_down.source_dir": settings.sync_down.source_dir,
         "hydra.sweep.dir": sweep_dir,
     }
     return [
@@ -460,13 +452,12 @@ def remote_path_problems(launcher_cfg: DictConfig, sweep_dir: str | None) -> lis
     ]
 
 
-def cluster_launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+def cluster_launch_problems(settings: ClusterSettings) -> list[ConfigError]:
     """What makes a cluster launcher config unworkable before any cluster exists:
     contradicting options, a missing sync_up source, missing rsync/ssh, logging
     or run_env values out of range."""
     problems = []
-    create = launcher_cfg.create_update_cluster
-    if create.restart_only and create.no_restart:
+    if settings.restart_only and settings.no_restart:
         problems.append(
             ConfigError(
                 "hydra.launcher.create_update_cluster.restart_only=true and "
@@ -474,9 +465,9 @@ def cluster_launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "(restart Ray only / never restart it): set at most one of them"
             )
         )
-    problems += source_dir_problems(launcher_cfg.sync_up.source_dir)
-    problems += reconnect_problems(launcher_cfg)
-    problems += autodown_problems(launcher_cfg)
+    problems += source_dir_problems(settings.sync_up.source_dir)
+    problems += reconnect_problems(settings)
+    problems += autodown_problems(settings)
     missing = [tool for tool in ("rsync", "ssh") if shutil.which(tool) is None]
     if missing:
         problems.append(
@@ -486,54 +477,27 @@ def cluster_launch_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
                 "openssh-client`, or `brew install rsync`)."
             )
         )
-    logging_cfg = launcher_cfg.logging
+    logging_values = {"log_style": settings.log_style, "color_mode": settings.color_mode}
     for key, choices in _LOGGING_CHOICES.items():
-        value = str(logging_cfg[key]).lower()
-        if value not in choices:
+        if str(logging_values[key]).lower() not in choices:
             problems.append(
                 ConfigError(
-                    f"hydra.launcher.logging.{key}={logging_cfg[key]} is not one of "
+                    f"hydra.launcher.logging.{key}={logging_values[key]} is not one of "
                     f"{', '.join(choices)}"
                 )
             )
-    if not 0 <= logging_cfg.verbosity <= 3:
+    if not 0 <= settings.verbosity <= 3:
         problems.append(
-            ConfigError(f"hydra.launcher.logging.verbosity={logging_cfg.verbosity} is not in 0..3")
+            ConfigError(f"hydra.launcher.logging.verbosity={settings.verbosity} is not in 0..3")
         )
-    if launcher_cfg.ray.run_env not in _RUN_ENVS:
+    if settings.run_env not in _RUN_ENVS:
         problems.append(
             ConfigError(
-                f"hydra.launcher.ray.run_env={launcher_cfg.ray.run_env} is not one of "
+                f"hydra.launcher.ray.run_env={settings.run_env} is not one of "
                 f"{', '.join(_RUN_ENVS)}"
             )
         )
     return problems
-
-
-def check_remote_options(remote: Mapping[str, Any]) -> dict[str, Any]:
-    """The `ray.remote` options of every job's task, checked by ray.remote()
-    itself (no Ray needs to run): returns them without nulls. Raises ConfigError."""
-    import ray
-
-    options = without_nulls(remote)
-    strategy = options.get("scheduling_strategy")
-    if isinstance(strategy, str) and strategy not in _SCHEDULING_STRATEGIES:
-        raise ConfigError(
-            f"hydra.launcher.ray.remote.scheduling_strategy={strategy} is not valid: Ray takes "
-            f"{' or '.join(_SCHEDULING_STRATEGIES)} (upper case), or null for Ray's default"
-        )
-    try:
-        ray.remote(_no_op).options(**options)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(
-            f"hydra.launcher.ray.remote is not valid for ray.remote(): {str(exc).rstrip('.')}. "
-            "Use the option names and value types of ray.remote()."
-        ) from None
-    return options
-
-
-def _no_op() -> None:
-    pass
 
 
 def _positive_seconds(value: Any) -> bool:
@@ -551,9 +515,9 @@ def _shown(value: Any) -> Any:
     return f"{value:g}" if isinstance(value, (int, float)) else value
 
 
-def reconnect_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+def reconnect_problems(settings: DetachedSettings) -> list[ConfigError]:
     """`hydra.launcher.reconnect_s` (cluster launchers, ray_jobs) that cannot work."""
-    reconnect = launcher_cfg.get("reconnect_s")
+    reconnect = settings.reconnect_s
     if _positive_seconds(reconnect):
         return []
     return [
@@ -565,9 +529,9 @@ def reconnect_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
     ]
 
 
-def autodown_problems(launcher_cfg: DictConfig) -> list[ConfigError]:
+def autodown_problems(settings: ClusterSettings) -> list[ConfigError]:
     """`hydra.launcher.autodown_minutes` (cluster launchers) that cannot work."""
-    minutes = launcher_cfg.get("autodown_minutes")
+    minutes = settings.autodown_minutes
     if minutes is None or (_positive_seconds(minutes) and minutes <= _MAX_AUTODOWN_MINUTES):
         return []
     return [

@@ -12,8 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra_ray.checks.resources import JobResources, request
-from hydra_ray.checks.validate import without_nulls
+from hydra_ray.checks.resources import JobResources, request, without_nulls
 from hydra_ray.core.errors import TaskLost
 from hydra_ray.core.jobs import Job, JobOutcome, JobStarted, Policy
 from hydra_ray.core.records import write_record

@@ -20,10 +20,10 @@ from types import FrameType
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig
 
 from hydra_ray.core.errors import ClusterCommandError
 from hydra_ray.core.redact import redacting_logger
+from hydra_ray.core.settings import ClusterSettings
 from hydra_ray.infra.autodown import TMP_ROOT, Autodown
 
 log = redacting_logger(__name__)
@@ -168,8 +168,8 @@ class ClusterLifetime:
     home) by `close()`: at the end of the multirun, at once on an error in a
     launch, and at the interpreter's exit only as a last resort."""
 
-    def __init__(self, launcher: DictConfig, cluster_config: dict[str, Any]) -> None:
-        self._launcher = launcher
+    def __init__(self, settings: ClusterSettings, cluster_config: dict[str, Any]) -> None:
+        self._settings = settings
         self._cluster_config = cluster_config
         self._cluster: Cluster | None = None
         self._stack = ExitStack()
@@ -197,7 +197,7 @@ class ClusterLifetime:
 
             threading._register_atexit(self.close)  # type: ignore[attr-defined]
             self._cluster = self._stack.enter_context(
-                cluster_session(self._launcher, self._cluster_config, config_file, restart=restart)
+                cluster_session(self._settings, self._cluster_config, config_file, restart=restart)
             )
         return self._cluster
 
@@ -222,7 +222,11 @@ def _stop_signals(handler: Any) -> Iterator[None]:
 
 @contextmanager
 def cluster_session(
-    launcher: DictConfig, cluster_config: dict[str, Any], config_file: Path, *, restart: bool = True
+    settings: ClusterSettings,
+    cluster_config: dict[str, Any],
+    config_file: Path,
+    *,
+    restart: bool = True,
 ) -> Iterator[Cluster]:
     """Create or update the cluster, yield it, and on exit tear it down
     (`stop_cluster=true`) or say how to (`stop_cluster=false`, or outputs not
@@ -231,11 +235,11 @@ def cluster_session(
     from ray.autoscaler import sdk
 
     sdk.configure_logging(
-        log_style=launcher.logging.log_style,
-        color_mode=str(launcher.logging.color_mode).lower(),
-        verbosity=launcher.logging.verbosity,
+        log_style=settings.log_style,
+        color_mode=str(settings.color_mode).lower(),
+        verbosity=settings.verbosity,
     )
-    cluster = Cluster(config=cluster_config, run_env=launcher.ray.run_env, config_file=config_file)
+    cluster = Cluster(config=cluster_config, run_env=settings.run_env, config_file=config_file)
     # SIGTERM/SIGHUP would end the process without running this exit: make them
     # exceptions, which every `finally` on the way sees (the outputs still come home).
     with _stop_signals(_raise_system_exit):
@@ -247,13 +251,12 @@ def cluster_session(
         with os.fdopen(fd, "w") as f:
             f.write(yaml.safe_dump(cluster_config, sort_keys=False))
         try:
-            opts = launcher.create_update_cluster
             # Not restarting Ray wins over the user's restart_only (Ray takes one of them).
-            no_restart = bool(opts.no_restart) or not restart
-            restart_only = bool(opts.restart_only) and restart
+            no_restart = bool(settings.no_restart) or not restart
+            restart_only = bool(settings.restart_only) and restart
             log.info(
                 f"Creating or updating cluster {cluster.name!r} (no_restart={no_restart}, "
-                f"restart_only={restart_only}, no_config_cache={opts.no_config_cache})"
+                f"restart_only={restart_only}, no_config_cache={settings.no_config_cache})"
             )
             # The written file, not the dict: Ray's own hints ("ray down ...") then name
             # a file that exists.
@@ -261,18 +264,18 @@ def cluster_session(
                 str(config_file),
                 no_restart=no_restart,
                 restart_only=restart_only,
-                no_config_cache=opts.no_config_cache,
+                no_config_cache=settings.no_config_cache,
             )
-            _arm_autodown(launcher, cluster)
+            _arm_autodown(settings, cluster)
             yield cluster
         finally:
-            _stop_or_keep(launcher, cluster)
+            _stop_or_keep(settings, cluster)
 
 
-def _arm_autodown(launcher: DictConfig, cluster: Cluster) -> None:
+def _arm_autodown(settings: ClusterSettings, cluster: Cluster) -> None:
     """Start the head's watchdog (see `hydra_ray.infra.autodown`), or say that
     nothing stops the cluster if this process goes."""
-    if launcher.autodown_minutes is None:
+    if settings.autodown_minutes is None:
         log.warning(
             f"hydra.launcher.autodown_minutes=null: if this process is gone before it tears "
             f"cluster {cluster.name!r} down (a closed laptop, a lost network, kill -9), the "
@@ -281,9 +284,9 @@ def _arm_autodown(launcher: DictConfig, cluster: Cluster) -> None:
         return
     autodown = Autodown(
         cluster.name,
-        float(launcher.autodown_minutes),
-        workers_only=bool(launcher.teardown_cluster.workers_only),
-        keep_min_workers=bool(launcher.teardown_cluster.keep_min_workers),
+        float(settings.autodown_minutes),
+        workers_only=bool(settings.workers_only),
+        keep_min_workers=bool(settings.keep_min_workers),
     )
     try:
         cluster.run(autodown.start_command())
@@ -319,10 +322,10 @@ def autodown_deadline(cluster: Cluster) -> str:
     return time.strftime("%H:%M", time.localtime(time.time() + cluster.autodown.limit_s))
 
 
-def _stop_or_keep(launcher: DictConfig, cluster: Cluster) -> None:
+def _stop_or_keep(settings: ClusterSettings, cluster: Cluster) -> None:
     if cluster.leftovers is not None:
-        _keep_for_leftovers(launcher, cluster, cluster.leftovers)
-    elif not launcher.stop_cluster:
+        _keep_for_leftovers(settings, cluster, cluster.leftovers)
+    elif not settings.stop_cluster:
         _disarm_autodown(cluster)
         log.warning(
             f"Cluster {cluster.name!r} keeps running (stop_cluster=false) and costs money until "
@@ -330,10 +333,10 @@ def _stop_or_keep(launcher: DictConfig, cluster: Cluster) -> None:
             f"{cluster.down_command()}"
         )
     else:
-        _teardown(launcher, cluster)
+        _teardown(settings, cluster)
 
 
-def _keep_for_leftovers(launcher: DictConfig, cluster: Cluster, leftovers: Leftovers) -> None:
+def _keep_for_leftovers(settings: ClusterSettings, cluster: Cluster, leftovers: Leftovers) -> None:
     steps = "\n".join(f"    {cmd}" for cmd in [*leftovers.commands, cluster.down_command()])
     message = (
         f"NOT ALL OUTPUTS ARE HOME: {leftovers.what}. Cluster {cluster.name!r} is kept "
@@ -353,7 +356,7 @@ def _keep_for_leftovers(launcher: DictConfig, cluster: Cluster, leftovers: Lefto
             f"at {autodown_deadline(cluster)} (hydra.launcher.autodown_minutes="
             f"{cluster.autodown.minutes:g}), with what is on it. To keep it longer:\n    {disarm}"
         )
-    if not (leftovers.interrupted and launcher.stop_cluster):
+    if not (leftovers.interrupted and settings.stop_cluster):
         log.error(message)
         return
     log.error(
@@ -364,7 +367,7 @@ def _keep_for_leftovers(launcher: DictConfig, cluster: Cluster, leftovers: Lefto
         time.sleep(SECOND_CTRL_C_S)
     except KeyboardInterrupt:
         log.warning("Second Ctrl-C: tearing the cluster down anyway")
-        _teardown(launcher, cluster)
+        _teardown(settings, cluster)
     else:
         log.error(
             f"Cluster {cluster.name!r} keeps running: tear it down with {cluster.down_command()}"
@@ -373,14 +376,13 @@ def _keep_for_leftovers(launcher: DictConfig, cluster: Cluster, leftovers: Lefto
     raise SystemExit(128 + signal.SIGINT)
 
 
-def _teardown(launcher: DictConfig, cluster: Cluster) -> None:
+def _teardown(settings: ClusterSettings, cluster: Cluster) -> None:
     from ray.autoscaler import sdk
 
-    teardown = launcher.teardown_cluster
     cached = bool(cluster.config.get("provider", {}).get("cache_stopped_nodes", False))
     log.info(
         f"Stopping cluster {cluster.name!r} now (stop_cluster=true, "
-        f"workers_only={teardown.workers_only}, keep_min_workers={teardown.keep_min_workers})"
+        f"workers_only={settings.workers_only}, keep_min_workers={settings.keep_min_workers})"
     )
     stop: list[int] = []
     # A SIGTERM or SIGHUP now would leave a half torn-down cluster: the teardown
@@ -390,8 +392,8 @@ def _teardown(launcher: DictConfig, cluster: Cluster) -> None:
         try:
             sdk.teardown_cluster(
                 str(cluster.config_file),
-                workers_only=teardown.workers_only,
-                keep_min_workers=teardown.keep_min_workers,
+                workers_only=settings.workers_only,
+                keep_min_workers=settings.keep_min_workers,
             )
         except BaseException:
             log.error(

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from hydra_ray.core.errors import ConfigError
+from hydra_ray.core.settings import JobsSettings
 from hydra_ray.core.wire import LOWEST_CLUSTER_RAY_TEXT, older_than_lowest_ray
 from hydra_ray.infra.storage import check_pack
 
@@ -195,7 +194,7 @@ def _found_token() -> tuple[str | None, str | None]:
     return (token, source) if token else (None, None)
 
 
-def dashboard_address(settings: DictConfig) -> str:
+def dashboard_address(settings: JobsSettings) -> str:
     """hydra.launcher.address, else RAY_API_SERVER_ADDRESS, else an http(s)
     RAY_ADDRESS (as `ray job submit`). Raises ConfigError."""
     address = settings.address
@@ -210,7 +209,6 @@ def dashboard_address(settings: DictConfig) -> str:
             f"{key}=http://127.0.0.1:8265 (after `kubectl port-forward "
             "svc/<cluster>-head-svc 8265:8265`), or set RAY_API_SERVER_ADDRESS"
         )
-    address = str(address)
     if address.startswith("ray://") or not address.startswith(("http://", "https://")):
         raise ConfigError(
             f"{key}={address} is not a dashboard address: the ray_jobs launcher talks to the "
@@ -221,22 +219,17 @@ def dashboard_address(settings: DictConfig) -> str:
     return address.rstrip("/")
 
 
-def dashboard_for(settings: DictConfig) -> Dashboard:
+def dashboard_for(settings: JobsSettings) -> Dashboard:
     """The dashboard hydra.launcher's keys name, and how to reach it. Raises
     ConfigError (headers, verify, the address, a token file that is not there)."""
-    if settings.headers is not None and not OmegaConf.is_dict(settings.headers):
+    headers = settings.headers if settings.headers is not None else {}
+    if not isinstance(headers, dict):
         # Its value is likely a secret (a token): not shown.
         raise ConfigError(
             "hydra.launcher.headers is not valid: it is a mapping of header names to values, "
             "e.g. +hydra.launcher.headers.Authorization='Bearer <token>' (or "
             "hydra.launcher.headers='{Authorization: \"Bearer <token>\"}')"
         )
-    headers = (
-        OmegaConf.to_container(settings.headers, resolve=True)
-        if settings.headers is not None
-        else {}
-    )
-    assert isinstance(headers, dict)
     verify = settings.verify
     if not isinstance(verify, (bool, str)):
         raise ConfigError(

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from omegaconf import DictConfig
-
 from hydra_ray.checks.validate import (
     check_launch_preconditions,
     check_provider_access,
@@ -34,6 +32,7 @@ from hydra_ray.core.records import (
     write_record,
 )
 from hydra_ray.core.redact import redacted, redacting_logger
+from hydra_ray.core.settings import ClusterSettings, SyncDown, SyncUp
 from hydra_ray.core.wire import (
     FOUND_MARK,
     GATHER_REPORT,
@@ -82,7 +81,6 @@ from hydra_ray.launch.detached import nums
 from hydra_ray.launch.sweep import (
     Batch,
     SweepBook,
-    SyncDown,
     build_job_spec,
     warn_if_script_left_out,
 )
@@ -103,12 +101,13 @@ class OnCluster(skeleton.LaunchPath):
 
         config = session.config
         choice = config.hydra.runtime.choices.get("hydra/launcher", "ray_aws")
-        dry_run_cluster(session.hydra_context, config, job_overrides, first, str(choice))
+        settings = session.settings_as(ClusterSettings)
+        dry_run_cluster(session.hydra_context, config, settings, job_overrides, first, str(choice))
 
     def check(self, session: "Session") -> None:
         """Also the cluster config as Ray will get it, and access to its provider:
         kept as the session's cluster lifetime (no cluster exists yet)."""
-        settings: DictConfig = session.config.hydra.launcher
+        settings = session.settings_as(ClusterSettings)
         storage = settings.sync_down.storage
         check_launch_preconditions(
             settings,
@@ -118,7 +117,7 @@ class OnCluster(skeleton.LaunchPath):
             ),
         )
         if storage is not None:
-            check_reachable(str(storage))
+            check_reachable(storage)
         cluster_config = named_cluster(
             cluster_config_for_ray(settings), settings, str(session.config.hydra.job.name)
         )
@@ -140,8 +139,7 @@ class _OverSsh:
         self.lifetime = lifetime
         self.session = session
         self.book = book
-        self.settings: DictConfig = session.config.hydra.launcher
-        self.sync = SyncDown.of(self.settings.sync_down)
+        self.settings = session.settings_as(ClusterSettings)
 
     def run(self, remaining: Batch) -> list[JobOutcome]:
         # A job whose ray.remote does not resolve is refused here, before the cluster.
@@ -155,7 +153,7 @@ class _OverSsh:
         that is gone is said so."""
         book, settings = self.book, self.settings
         with scratch_dir("hydra-ray-cluster") as local_tmp:
-            stored = _from_storage(noted, settings, book, local_tmp)
+            stored = _from_storage(noted, settings.sync_down, book, local_tmp)
         if stored is not None:
             note_detached_run_home(book.sweep_dir, DRIVERS, run_id)
             return stored
@@ -195,14 +193,14 @@ class _OverSsh:
                 returns = _bring_home_from_head(
                     cluster,
                     remote_tmp,
-                    self.sync,
+                    self.settings.sync_down,
                     book.sweep_dir,
                     local_tmp,
                     book.key,
                     jobs,
                 )
             note_detached_run_home(book.sweep_dir, DRIVERS, run_id)
-            home = self.sync.home(book.sweep_dir)
+            home = self.settings.sync_down.home(book.sweep_dir)
             return detached.outcomes_home(returns if returns.is_file() else None, home, book, jobs)
 
 
@@ -212,10 +210,10 @@ DRIVERS = "cluster_drivers.json"
 
 
 def _run_on_cluster(
-    lifetime: ClusterLifetime, spec: JobSpec, settings: DictConfig, book: SweepBook
+    lifetime: ClusterLifetime, spec: JobSpec, settings: ClusterSettings, book: SweepBook
 ) -> list[JobOutcome]:
     sweep_dir = book.sweep_dir
-    sync = SyncDown.of(settings.sync_down)
+    sync = settings.sync_down
     jobs = [job.idx for job in spec.jobs]
     with scratch_dir("hydra-ray-cluster") as local_tmp:
         spec_file = local_tmp / JOB_SPEC
@@ -306,7 +304,7 @@ _PACK_NAME = re.compile(r"[A-Za-z0-9_.-]+\.tar")
 
 
 def _from_storage(
-    noted: Mapping[str, Any], settings: DictConfig, book: SweepBook, local_tmp: Path
+    noted: Mapping[str, Any], sync: SyncDown, book: SweepBook, local_tmp: Path
 ) -> list[JobOutcome] | None:
     """The outcomes of a driver that put its results in sync_down.storage (its
     cluster may be gone), brought home from there; None if they are not there
@@ -322,7 +320,6 @@ def _from_storage(
         log.warning(f"{DRIVERS} notes a pack {key!r}, not a name this launcher makes: not fetched")
         return None
     jobs = [int(i) for i in noted.get("jobs", [])]
-    sync = SyncDown.of(settings.sync_down)
     if sync.storage is None:
         log.warning(
             f"The driver of jobs {nums(jobs)} put its results in a sync_down.storage, and "
@@ -354,12 +351,12 @@ def _from_storage(
     return detached.outcomes_home(returns, home, book, idxs)
 
 
-def _code_dir(sync: DictConfig) -> str | None:
+def _code_dir(sync: SyncUp) -> str | None:
     """Where the synced code lives on the head: target_dir, or `code` in the remote
     temp dir (relative paths are relative to it: the head driver runs there)."""
     if sync.source_dir is None:
         return None
-    return str(sync.target_dir) if sync.target_dir is not None else "code"
+    return sync.target_dir if sync.target_dir is not None else "code"
 
 
 def _ship_plugin(cluster: Cluster, remote_tmp: str, local_tmp: Path) -> None:
@@ -369,27 +366,26 @@ def _ship_plugin(cluster: Cluster, remote_tmp: str, local_tmp: Path) -> None:
     cluster.rsync_up(f"{staged}/", f"{remote_tmp}/{PLUGIN_DIR}/")
 
 
-def _sync_up(cluster: Cluster, sync: DictConfig, remote_tmp: str, local_tmp: Path) -> None:
+def _sync_up(cluster: Cluster, sync: SyncUp, remote_tmp: str, local_tmp: Path) -> None:
     """rsync the user's code to the head, filtered by include/exclude; the jobs on
     every node get it on their sys.path."""
     code_dir = _code_dir(sync)
     if code_dir is None:
         return
-    source = Path(str(sync.source_dir)).expanduser().resolve()
+    assert sync.source_dir is not None  # _code_dir said so
+    source = Path(sync.source_dir).expanduser().resolve()
     target = code_dir if code_dir.startswith("/") else f"{remote_tmp}/{code_dir}"
     # Filter here with rsync's own include/exclude semantics, then send what is left.
     staged = local_tmp / "code"
     subprocess.run(
-        rsync_command(
-            f"{source}/", f"{staged}/", include=list(sync.include), exclude=list(sync.exclude)
-        ),
+        rsync_command(f"{source}/", f"{staged}/", include=sync.include, exclude=sync.exclude),
         check=True,
     )
     cluster.run(f"mkdir -p {shlex.quote(target)}")
     cluster.rsync_up(f"{staged}/", f"{target}/")
     log.info(
         f"Synced up {source} to the head's {target} "
-        f"(include={list(sync.include)}, exclude={list(sync.exclude)})"
+        f"(include={sync.include}, exclude={sync.exclude})"
     )
 
 

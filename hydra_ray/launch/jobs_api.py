@@ -5,6 +5,7 @@ driver the cluster launchers run; the results and outputs come home as one
 file served by the dashboard's log API. Nothing here needs SSH or the GCS port."""
 
 import asyncio
+import copy
 import json
 import os
 import re
@@ -21,11 +22,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from omegaconf import DictConfig
 
 from hydra_ray.checks.dashboard import jobs_problems
-from hydra_ray.checks.validate import (
-    plain_dict,
-    refuse,
-    without_nulls,
-)
+from hydra_ray.checks.resources import without_nulls
+from hydra_ray.checks.validate import refuse
 from hydra_ray.core.errors import ConfigError, DriverError, LostDashboardError, OutputsNotHomeError
 from hydra_ray.core.jobs import JobOutcome
 from hydra_ray.core.records import (
@@ -33,6 +31,7 @@ from hydra_ray.core.records import (
     note_detached_run_home,
 )
 from hydra_ray.core.redact import redacted, redacting_logger
+from hydra_ray.core.settings import JobsSettings, SyncDown
 from hydra_ray.core.wire import (
     DRIVER_MODULE,
     JOB_SPEC,
@@ -58,7 +57,6 @@ from hydra_ray.launch.detached import nums
 from hydra_ray.launch.sweep import (
     Batch,
     SweepBook,
-    SyncDown,
     build_job_spec,
     warn_if_script_left_out,
 )
@@ -81,26 +79,32 @@ class ThroughDashboard(skeleton.LaunchPath):
     ) -> NoReturn:
         from hydra_ray.launch.plan import dry_run_jobs
 
-        dry_run_jobs(session.hydra_context, session.config, job_overrides, first)
+        dry_run_jobs(
+            session.hydra_context,
+            session.config,
+            session.settings_as(JobsSettings),
+            job_overrides,
+            first,
+        )
 
     def check(self, session: "Session") -> None:
         """Also that the dashboard (and sync_down.storage) answers, before any upload."""
-        settings: DictConfig = session.config.hydra.launcher
+        settings = session.settings_as(JobsSettings)
         refuse(jobs_problems(settings))
         _check_reachable(settings)
 
     def run_batch(self, session: "Session", book: SweepBook, current: Batch) -> list[JobOutcome]:
-        dashboard = dashboard_for(session.config.hydra.launcher)
+        dashboard = dashboard_for(session.settings_as(JobsSettings))
         return detached.run_batch(_ThroughJobsApi(session, book, dashboard), book, current)
 
 
-def _check_reachable(settings: DictConfig) -> None:
+def _check_reachable(settings: JobsSettings) -> None:
     """Before the sweep dir is touched: a dashboard out of reach, a token it
     refuses, a sync_down.storage this machine cannot read. Raises ConfigError."""
     if settings.sync_down.storage is not None:
         from hydra_ray.infra.storage import check_reachable
 
-        check_reachable(str(settings.sync_down.storage))
+        check_reachable(settings.sync_down.storage)
     dashboard_for(settings).client()
 
 
@@ -113,7 +117,7 @@ class _ThroughJobsApi:
         self.session = session
         self.book = book
         self.dashboard = dashboard
-        self.settings: DictConfig = session.config.hydra.launcher
+        self.settings = session.settings_as(JobsSettings)
         self.client = dashboard.client()
 
     def run(self, remaining: Batch) -> list[JobOutcome]:
@@ -139,7 +143,7 @@ class _ThroughJobsApi:
             returns = _follow_home(
                 self.client, self.dashboard, run_id, self.settings, self.book, tmp
             )
-            home = SyncDown.of(self.settings.sync_down).target(self.book.sweep_dir)
+            home = self.settings.sync_down.target(self.book.sweep_dir)
             return detached.outcomes_home(returns, home, self.book, jobs)
 
 
@@ -150,7 +154,7 @@ def _run_as_ray_job(
     dashboard: Dashboard,
     client: Any,
 ) -> list[JobOutcome]:
-    settings = session.config.hydra.launcher
+    settings = session.settings_as(JobsSettings)
     submission_id = _submission_id(session.config, current)
     with scratch_dir(SCRATCH) as tmp:
         package = tmp / "package"
@@ -169,9 +173,7 @@ def _run_as_ray_job(
             "entrypoint_num_cpus": settings.entrypoint_num_cpus,
             "entrypoint_num_gpus": settings.entrypoint_num_gpus,
             "entrypoint_memory": settings.entrypoint_memory,
-            "entrypoint_resources": plain_dict(settings.entrypoint_resources)
-            if settings.entrypoint_resources is not None
-            else None,
+            "entrypoint_resources": settings.entrypoint_resources,
         }
         try:
             _submit(
@@ -199,7 +201,7 @@ def _run_as_ray_job(
         if returns is None:
             raise _no_results(client, dashboard, submission_id, "")
         jobs = [job.idx for job in current.to_run]
-        home = SyncDown.of(settings.sync_down).target(book.sweep_dir)
+        home = settings.sync_down.target(book.sweep_dir)
         return detached.outcomes_home(returns, home, book, jobs)
 
 
@@ -236,7 +238,7 @@ def _follow_home(
     client: Any,
     dashboard: Dashboard,
     submission_id: str,
-    settings: DictConfig,
+    settings: JobsSettings,
     book: SweepBook,
     tmp: Path,
 ) -> Path | None:
@@ -272,12 +274,12 @@ def _home_and_clean(
     dashboard: Dashboard,
     submission_id: str,
     where: Mapping[str, Any] | None,
-    settings: DictConfig,
+    settings: JobsSettings,
     book: SweepBook,
     tmp: Path,
 ) -> Path | None:
     """Bring the pack home, note it, then remove the cluster's copies."""
-    returns = _bring_pack_home(dashboard, submission_id, where, settings, book, tmp)
+    returns = _bring_pack_home(dashboard, submission_id, where, settings.sync_down, book, tmp)
     note_detached_run_home(book.sweep_dir, SUBMISSIONS, submission_id)
     assert where is not None  # _bring_pack_home raised otherwise
     _clean_cluster(client, submission_id, where, settings)
@@ -294,7 +296,7 @@ _REMOVE = (
 
 
 def _clean_cluster(
-    client: Any, submission_id: str, where: Mapping[str, Any], settings: DictConfig
+    client: Any, submission_id: str, where: Mapping[str, Any], settings: JobsSettings
 ) -> None:
     """Once everything is home, a small Ray job on the driver's node removes the
     pack and the sweep dir the jobs filled in the Ray job's working dir (the
@@ -302,7 +304,7 @@ def _clean_cluster(
     sync_down left out."""
     paths = [where["pack_path"]] if where.get("pack_path") else []
     sweep = where.get("cluster_sweep")
-    if sweep and SyncDown.of(settings.sync_down).filtered:
+    if sweep and settings.sync_down.filtered:
         log.info(
             f"The sweep dir on the cluster ({sweep}, node {where['node_ip']}) is kept: it "
             "holds what sync_down's include/exclude left out"
@@ -383,7 +385,7 @@ def _stage(
     session: "Session",
     book: SweepBook,
     current: Batch,
-    settings: DictConfig,
+    settings: JobsSettings,
     package: Path,
     submission_id: str,
 ) -> None:
@@ -392,7 +394,7 @@ def _stage(
     stage_plugin(package / PLUGIN_DIR)
     sync = settings.sync_up
     if sync.source_dir is not None:
-        source = Path(str(sync.source_dir)).expanduser().resolve()
+        source = Path(sync.source_dir).expanduser().resolve()
         cmd = rsync_command(
             f"{source}/",
             f"{package / 'code'}/",
@@ -405,7 +407,7 @@ def _stage(
     spec = build_job_spec(session, book, current, code_dir)
     warn_if_script_left_out(spec, package / "code")
     write_job_spec(package / JOB_SPEC, spec, dumps_for_cluster(spec))
-    down = SyncDown.of(settings.sync_down)
+    down = settings.sync_down
     name = f"{submission_id}.tar"
     plan = PackPlan(name, spec.sweep_dir, down.include, down.exclude, down.storage)
     plan.write(package / PACK_PLAN)
@@ -431,15 +433,15 @@ def _shown(path: Path, package: Path) -> str:
     return str(path.relative_to(code)) if path.is_relative_to(code) else path.name
 
 
-def _runtime_env(settings: DictConfig, package: Path, code: bool) -> dict[str, Any]:
+def _runtime_env(settings: JobsSettings, package: Path, code: bool) -> dict[str, Any]:
     """The Ray job's runtime_env, which every task of the sweep gets: the user's
     (hydra.launcher.runtime_env over hydra.launcher.ray.init.runtime_env), the
     package as working_dir with this plugin and the code on the path, and time
     for a stopped driver to pack what finished."""
     env: dict[str, Any] = {}
-    for node in (settings.ray.init.runtime_env, settings.runtime_env):
-        if node is not None:
-            mine = plain_dict(node)
+    for given in (settings.ray_init.get("runtime_env"), settings.runtime_env):
+        if given is not None:
+            mine = copy.deepcopy(dict(given))
             env_vars = {**(env.get("env_vars") or {}), **(mine.get("env_vars") or {})}
             env.update(mine)
             env["env_vars"] = env_vars
@@ -556,7 +558,7 @@ def _bring_pack_home(
     dashboard: Dashboard,
     submission_id: str,
     where: Mapping[str, Any] | None,
-    settings: DictConfig,
+    sync: SyncDown,
     book: SweepBook,
     tmp: Path,
 ) -> Path | None:
@@ -577,7 +579,6 @@ def _bring_pack_home(
         )
     name = f"{submission_id}.tar"
     local = tmp / name
-    sync = SyncDown.of(settings.sync_down)
     storage = sync.storage if where.get("storage") else None
     try:
         if where.get("storage") and storage is None:

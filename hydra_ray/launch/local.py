@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hydra_ray.checks.resources import for_sweep
-from hydra_ray.checks.validate import plain_dict, ray_init_kwargs, refuse, sweep_problems
+from hydra_ray.checks.validate import ray_init_kwargs, refuse, sweep_problems
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.jobs import JobOutcome, JobStarted
 from hydra_ray.core.redact import redacted, redacting_logger
@@ -58,13 +58,13 @@ class Local(skeleton.LaunchPath):
     ) -> NoReturn:
         from hydra_ray.launch.plan import dry_run_local
 
-        dry_run_local(session.hydra_context, session.config, job_overrides, first)
+        dry_run_local(session.hydra_context, session.config, session.settings, job_overrides, first)
 
     def check(self, session: "Session") -> None:
-        refuse(sweep_problems(session.config.hydra.launcher))  # before Ray starts
+        refuse(sweep_problems(session.settings))  # before Ray starts
 
     def run_batch(self, session: "Session", book: SweepBook, current: Batch) -> list[JobOutcome]:
-        return _run_here(session, book, current, plain_dict(session.config.hydra.launcher.ray.init))
+        return _run_here(session, book, current, session.settings.ray_init)
 
     def interrupted(self) -> None:
         stop_ray()

@@ -27,11 +27,18 @@ from omegaconf.errors import (
 )
 
 from hydra_ray.checks.dashboard import dashboard_problems
-from hydra_ray.checks.resources import JobResources, for_sweep, request
-from hydra_ray.checks.validate import plain_dict, without_nulls
+from hydra_ray.checks.resources import JobResources, for_sweep, plain_dict, request, without_nulls
 from hydra_ray.core.errors import ConfigError
 from hydra_ray.core.jobs import Job
 from hydra_ray.core.redact import redacted, redacting_logger
+from hydra_ray.core.settings import (
+    ClusterSettings,
+    DetachedSettings,
+    JobsSettings,
+    Settings,
+    SyncDown,
+    SyncUp,
+)
 from hydra_ray.driver.protocol import sweep_dir_as_given
 from hydra_ray.engine.report import describe, described
 from hydra_ray.infra.dashboard import UPLOAD_LIMIT, dashboard_address
@@ -286,7 +293,7 @@ def plan_cluster(plan: Plan, prepared: Mapping[str, Any]) -> None:
     plan.add("The cluster config Ray would get", shown.rstrip("\n").splitlines())
 
 
-def plan_sync(plan: Plan, settings: DictConfig) -> None:
+def plan_sync(plan: Plan, settings: DetachedSettings) -> None:
     """What sync_up would upload (the real run's rsync filter, run as a dry
     run) and what sync_down would bring back."""
     up = settings.sync_up
@@ -294,7 +301,7 @@ def plan_sync(plan: Plan, settings: DictConfig) -> None:
     if up.source_dir is None:
         lines.append("sync_up: nothing (hydra.launcher.sync_up.source_dir is null)")
     else:
-        source = Path(str(up.source_dir)).expanduser().resolve()
+        source = Path(up.source_dir).expanduser().resolve()
         if source.is_dir():
             target = up.target_dir or "a temp dir of the launch on the head"
             upload_lines(lines, "sync_up", source, up, f" to {target}")
@@ -303,7 +310,7 @@ def plan_sync(plan: Plan, settings: DictConfig) -> None:
         f"sync_down: {down.source_dir or 'the sweep dir on the cluster'} -> "
         f"{down.target_dir or 'the local sweep dir'}{filters_text(down)}"
     )
-    if down.get("storage"):
+    if down.storage:
         lines.append(
             f"sync_down.storage: each batch's results also go to {redacted(down.storage)} "
             "(a resume fetches them there when the cluster is gone)"
@@ -311,21 +318,21 @@ def plan_sync(plan: Plan, settings: DictConfig) -> None:
     plan.add("Transfers", lines)
 
 
-def upload_lines(lines: list[str], what: str, source: Path, up: DictConfig, to: str = "") -> int:
+def upload_lines(lines: list[str], what: str, source: Path, up: SyncUp, to: str = "") -> int:
     """Add the files sync_up's filter lets through (a count, the largest) to
     `lines`; return their total size in bytes."""
-    files = _would_copy(source, list(up.include), list(up.exclude))
+    files = _would_copy(source, up.include, up.exclude)
     total = sum(size for _, size in files)
     lines.append(f"{what}: {len(files)} files, {size_text(total)} from {source}{to}")
     lines += [f"  {size_text(size):>10}  {name}" for name, size in _largest(files)]
     return total
 
 
-def filters_text(down: DictConfig) -> str:
+def filters_text(down: SyncDown) -> str:
     """sync_down's include/exclude, if any, as the plan shows them."""
     if not (down.include or down.exclude):
         return ""
-    return f" (include={list(down.include)}, exclude={list(down.exclude)})"
+    return f" (include={down.include}, exclude={down.exclude})"
 
 
 def _would_copy(source: Path, include: list[str], exclude: list[str]) -> list[tuple[str, int]]:
@@ -443,6 +450,7 @@ def plan_sweep(
     plan: Plan,
     hydra_context: Any,
     config: DictConfig,
+    settings: Settings,
     job_overrides: Sequence[Sequence[str]],
     first: int,
 ) -> OptionSets:
@@ -453,13 +461,13 @@ def plan_sweep(
     jobs = [Job(first + pos, list(ov)) for pos, ov in enumerate(job_overrides)]
     sweep_dir = Path(str(config.hydra.sweep.dir))
     plan_jobs(plan, hydra_context.config_loader, config, jobs)
-    settings = plan.check(lambda: sweep_settings(config.hydra.launcher))
-    if settings is not None:
-        plan_settings(plan, settings, sweep_dir)
-        plan_resume(plan, SweepBook(sweep_dir, task_overrides(config), settings), jobs)
+    checked = plan.check(lambda: sweep_settings(settings))
+    if checked is not None:
+        plan_settings(plan, checked, sweep_dir)
+        plan_resume(plan, SweepBook(sweep_dir, task_overrides(config), checked), jobs)
     resources = plan.check(lambda: for_sweep(hydra_context, config))
     if resources is None:  # options ray.remote() refuses: still checked against the Ray
-        remote = without_nulls(plain_dict(config.hydra.launcher.ray.remote))
+        remote = without_nulls(plain_dict(settings.ray_remote))
         option_sets: OptionSets = [(remote, None)]
     else:
         option_sets = plan_resources(plan, resources, jobs)
@@ -472,16 +480,19 @@ def plan_sweep(
 
 
 def dry_run_local(
-    hydra_context: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], first: int
+    hydra_context: Any,
+    config: DictConfig,
+    settings: Settings,
+    job_overrides: Sequence[Sequence[str]],
+    first: int,
 ) -> NoReturn:
     """The dry run of the `ray` launcher."""
-    from hydra_ray.checks.validate import plain_dict, ray_init_kwargs
+    from hydra_ray.checks.validate import ray_init_kwargs
     from hydra_ray.infra.connect import check_connection
 
     plan = Plan("ray")
-    settings = config.hydra.launcher
-    option_sets = plan_sweep(plan, hydra_context, config, job_overrides, first)
-    init = plain_dict(settings.ray.init)
+    option_sets = plan_sweep(plan, hydra_context, config, settings, job_overrides, first)
+    init = settings.ray_init
     kwargs = ray_init_kwargs(init)
     address = kwargs.get("address") or os.environ.get("RAY_ADDRESS")
     if address in (None, "local"):
@@ -507,6 +518,7 @@ def dry_run_local(
 def dry_run_cluster(
     hydra_context: Any,
     config: DictConfig,
+    settings: ClusterSettings,
     job_overrides: Sequence[Sequence[str]],
     first: int,
     launcher: str,
@@ -522,8 +534,7 @@ def dry_run_cluster(
     )
 
     plan = Plan(launcher)
-    settings = config.hydra.launcher
-    plan_sweep(plan, hydra_context, config, job_overrides, first)
+    plan_sweep(plan, hydra_context, config, settings, job_overrides, first)
     plan.problems += [str(p) for p in cluster_launch_problems(settings)]
     head_sweep = sweep_dir_as_given(str(config.hydra.sweep.dir))
     plan.problems += [str(p) for p in remote_path_problems(settings, head_sweep)]
@@ -543,12 +554,15 @@ def dry_run_cluster(
 
 
 def dry_run_jobs(
-    hydra_context: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], first: int
+    hydra_context: Any,
+    config: DictConfig,
+    settings: JobsSettings,
+    job_overrides: Sequence[Sequence[str]],
+    first: int,
 ) -> NoReturn:
     """The dry run of the `ray_jobs` launcher: no request reaches the dashboard."""
     plan = Plan("ray_jobs")
-    settings = config.hydra.launcher
-    plan_sweep(plan, hydra_context, config, job_overrides, first)
+    plan_sweep(plan, hydra_context, config, settings, job_overrides, first)
     plan.problems += [str(p) for p in dashboard_problems(settings)]
     try:
         address = dashboard_address(settings)
@@ -556,7 +570,7 @@ def dry_run_jobs(
         address = "(none: see the problems)"
     lines = [f"one Ray job per batch, submitted to the dashboard at {address}"]
     up = settings.sync_up
-    source = Path(str(up.source_dir)).expanduser().resolve() if up.source_dir else None
+    source = Path(up.source_dir).expanduser().resolve() if up.source_dir else None
     if source is None:
         lines.append("code: none sent (hydra.launcher.sync_up.source_dir is null)")
     elif source.is_dir():

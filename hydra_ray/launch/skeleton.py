@@ -50,7 +50,7 @@ def launch(
     """One launch() of the sweeper: its jobs' JobReturns, in order. Raises
     ConfigError (before anything costs) and whatever the path raises."""
     config = session.config
-    settings = config.hydra.launcher
+    settings = session.settings
     path.prepare_process(session)
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)

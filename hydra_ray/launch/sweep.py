@@ -2,10 +2,11 @@
 driver on a cluster's head): decide which jobs run (resume), list them, run
 them, then write sweep_summary.json and show the summary table, also when the
 run is interrupted. Runs on the user's machine for every launcher. Also the
-Session: what a launch path keeps across the sweeper's batches; and the
-launcher keys read once, typed (`SweepSettings`, `SyncDown`)."""
+Session: what a launch path keeps across the sweeper's batches, the launcher's
+settings (`core.settings`) among them."""
 
 import dataclasses
+import functools
 import shlex
 import shutil
 import sys
@@ -13,14 +14,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_ray.checks.resources import for_sweep
-from hydra_ray.checks.validate import plain_dict, refuse, settings_problems
+from hydra_ray.checks.validate import refuse, settings_problems
 from hydra_ray.core.errors import ConfigError, JobError, UnreadableRecord
 from hydra_ray.core.jobs import INTERRUPTED, SUCCEEDED, Job, JobOutcome, Policy
 from hydra_ray.core.records import (
@@ -40,6 +41,7 @@ from hydra_ray.core.records import (
 )
 from hydra_ray.core.redact import redacting_logger
 from hydra_ray.core.seal import sweep_key
+from hydra_ray.core.settings import DetachedSettings, Settings
 from hydra_ray.driver.protocol import JobSpec, sweep_dir_on_cluster
 from hydra_ray.engine.report import describe, summary_table, want_live
 from hydra_ray.engine.script import left_out_warning, sent_from
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from hydra_ray.infra.autoscaler import ClusterLifetime
 
 log = redacting_logger(__name__)
+_S = TypeVar("_S", bound=Settings)
 
 
 @dataclass(frozen=True)
@@ -65,49 +68,6 @@ class SweepSettings:
         return want_live(self.progress)
 
 
-@dataclass(frozen=True)
-class SyncDown:
-    """hydra.launcher.sync_down, read once: what of the cluster's files comes
-    home, and where."""
-
-    # The local dir the outputs come to; None: the local sweep dir.
-    target_dir: Path | None
-    # rsync's filters (includes tried first, the first match wins).
-    include: list[str]
-    exclude: list[str]
-    # Where the driver also puts its pack (a URI that may hold credentials).
-    storage: str | None
-    # The cluster launchers': the dir on the head whose files come home, when
-    # not the sweep dir; None: the sweep dir.
-    source_dir: str | None = None
-
-    @classmethod
-    def of(cls, node: DictConfig) -> "SyncDown":
-        def text(value: Any) -> str | None:
-            return None if value is None else str(value)
-
-        target = text(node.target_dir)
-        return cls(
-            target_dir=None if target is None else Path(target),
-            include=[str(p) for p in node.include],
-            exclude=[str(p) for p in node.exclude],
-            storage=text(node.storage),
-            source_dir=text(node.get("source_dir")),
-        )
-
-    @property
-    def filtered(self) -> bool:
-        return bool(self.include or self.exclude)
-
-    def target(self, sweep_dir: Path) -> Path:
-        """The local dir the files come to."""
-        return self.target_dir if self.target_dir is not None else sweep_dir
-
-    def home(self, sweep_dir: Path) -> Path | None:
-        """Where the sweep dir's outputs come home; None if another dir does."""
-        return None if self.source_dir is not None else self.target(sweep_dir)
-
-
 def task_overrides(config: DictConfig) -> list[str]:
     """The sweep's command-line overrides as typed (`x=${y}` stays text: it is
     the job's config that resolves it)."""
@@ -116,18 +76,10 @@ def task_overrides(config: DictConfig) -> list[str]:
     return [str(o) for o in overrides]
 
 
-def sweep_settings(launcher: DictConfig) -> SweepSettings:
+def sweep_settings(settings: Settings) -> SweepSettings:
     """The settings, checked (`checks.validate.settings_problems`). Raises ConfigError."""
-    refuse(settings_problems(launcher))
-    timeout, cap = launcher.job_timeout_s, launcher.max_concurrent_jobs
-    policy = Policy(
-        retries=int(launcher.retries),
-        job_timeout_s=None if timeout is None else float(timeout),
-        max_concurrent_jobs=None if cap is None else int(cap),
-        stop_grace_s=float(launcher.stop_grace_s),
-        retry_timed_out=bool(launcher.retry_timed_out),
-    )
-    return SweepSettings(bool(launcher.progress), bool(launcher.resume), policy)
+    refuse(settings_problems(settings))
+    return SweepSettings(bool(settings.progress), bool(settings.resume), settings.policy)
 
 
 class SweepBook:
@@ -424,6 +376,17 @@ class Session:
     # `ray_aws`/`ray_cluster`: the multirun's one cluster, made at the first launch().
     lifetime: "ClusterLifetime | None" = None
 
+    @functools.cached_property
+    def settings(self) -> Settings:
+        """hydra.launcher, read once (the skeleton reads it first). Raises ConfigError."""
+        return Settings.of(self.config.hydra.launcher)
+
+    def settings_as(self, kind: type[_S]) -> _S:
+        """The settings, of the kind its launch path's launchers have."""
+        settings = self.settings
+        assert isinstance(settings, kind), type(settings)
+        return settings
+
 
 def warn_if_script_left_out(spec: JobSpec, staged: Path) -> None:
     """Say what fails on the cluster if the code sync_up sends (as staged to send,
@@ -445,9 +408,10 @@ def build_job_spec(
     configs = composed_here(context, config, current.to_run)
     for_sweep(context, config, configs).resolve_ahead(current.to_run)
     state = capture_sweep_state(context, session.task_function, config)
-    source_dir = config.hydra.launcher.sync_up.source_dir
+    settings = session.settings_as(DetachedSettings)
+    source_dir = settings.sync_up.source_dir
     if state.script is not None and code_dir is not None and source_dir is not None:
-        script = sent_from(state.script, str(source_dir), str(config.hydra.runtime.cwd))
+        script = sent_from(state.script, source_dir, str(config.hydra.runtime.cwd))
         state = dataclasses.replace(state, script=script)
     # An absolute sweep dir is a path of this machine: on the cluster it lives in
     # the driver's working dir, as a relative one does, and comes home.
@@ -458,7 +422,7 @@ def build_job_spec(
         state=state,
         jobs=current.to_run,
         configs=configs,
-        init=plain_dict(config.hydra.launcher.ray.init),
+        init=settings.ray_init,
         sweep_dir=there,
         code_dir=code_dir,
         policy=book.settings.policy,

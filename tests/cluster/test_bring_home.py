@@ -13,9 +13,9 @@ from hydra_plugins.hydra_ray_launcher._config import ClusterSyncDownConf
 from hydra_ray.core.errors import ClusterCommandError, OutputsNotHomeError
 from hydra_ray.core.jobs import JobOutcome
 from hydra_ray.core.records import read_record, write_record, write_summary
+from hydra_ray.core.settings import SyncDown
 from hydra_ray.infra.autoscaler import Cluster, RemoteTmp
 from hydra_ray.launch.cluster import _bring_home_from_head
-from hydra_ray.launch.sweep import SyncDown
 
 from ..conftest import sweep_key_of
 

@@ -261,6 +261,8 @@ def test_a_cluster_whose_launcher_is_gone_tears_itself_down_once_idle(
     try:
         run.wait_for("started on 127.0.0.3")
         assert "then it tears itself down with them" in run.output, run.output
+        # The key that sets it, by its name on the command line.
+        assert "0.2 min (hydra.launcher.autodown_minutes)" in run.output, run.output
         assert "(not before " in run.output, run.output
         log = _killed_then_torn_down(run, fake_hosts, name, timeout=180)
         assert "tearing the cluster down" in log, log
