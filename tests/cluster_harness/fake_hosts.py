@@ -629,20 +629,6 @@ class FakeHosts:
             **popen_kwargs,
         )
 
-    def popen_in_netns(
-        self,
-        cmd: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        **popen_kwargs: Any,
-    ) -> subprocess.Popen[Any]:
-        """`subprocess.Popen(cmd)` inside the netns (the caller must wait for / kill it)."""
-        return subprocess.Popen(
-            [*self.netns_prefix(), *cmd],
-            env=dict(env) if env is not None else None,
-            **popen_kwargs,
-        )
-
     def run_on_host(
         self, host: str, cmd: Sequence[str], **popen_kwargs: Any
     ) -> subprocess.CompletedProcess[Any]:
