@@ -112,3 +112,23 @@ def test_a_value_that_cannot_be_read_is_refused_naming_its_key() -> None:
     cfg.sync_down.storage = "${oc.env:HYDRA_RAY_TEST_NO_SUCH_VARIABLE}"
     with pytest.raises(ConfigError, match=r"hydra\.launcher\.sync_down\.storage cannot be read"):
         Settings.of(cfg)
+
+
+def test_the_settings_repr_shows_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token, a URI's credentials, an env var's value: resolved into the
+    settings, but never in their repr (a log line, an assertion message)."""
+    monkeypatch.setenv("HYDRA_RAY_TEST_TOKEN", "s3cret-token")
+    cfg = _config(RayJobsLauncherConf)
+    cfg.headers = {"Authorization": "Bearer ${oc.env:HYDRA_RAY_TEST_TOKEN}"}
+    cfg.runtime_env = {"env_vars": {"WANDB_API_KEY": "s3cret-env"}}
+    cfg.ray.init.runtime_env = {"env_vars": {"HF_TOKEN": "s3cret-init"}}
+    cfg.sync_down.storage = "s3://bucket/p?secret_key=s3cret-uri"
+    settings = Settings.of(cfg)
+    assert isinstance(settings, JobsSettings)
+    assert settings.headers == {"Authorization": "Bearer s3cret-token"}  # there to use
+    shown = repr(settings)
+    assert "s3cret" not in shown, shown
+    assert "entrypoint_python=None" in shown  # the rest is shown
+    cluster = _config(RayAWSLauncherConf)
+    cluster.ray.cluster.provider["aws_secret_access_key"] = "s3cret-aws"
+    assert "s3cret" not in repr(Settings.of(cluster))

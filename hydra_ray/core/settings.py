@@ -8,9 +8,11 @@ default. Nothing is coerced either: the checks (`checks.*`) say which values
 cannot work, naming the key. Mappings handed to Ray as they are (`ray.init`,
 `ray.cluster`, a `runtime_env`, the headers) are plain dicts, resolved.
 `ray.remote` stays the config node: it may interpolate into each job's own
-config, so it is resolved per job (`checks.resources`). No Ray here."""
+config, so it is resolved per job (`checks.resources`). The values that may
+hold secrets (a token, credentials in a URI or an env var) are left out of the
+settings' repr. No Ray here."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +70,7 @@ class SyncDown:
     include: list[str]
     exclude: list[str]
     # Where the driver also puts its pack (a URI that may hold credentials).
-    storage: str | None
+    storage: str | None = field(repr=False)
     # The cluster launchers': the dir on the head whose files come home, when
     # not the sweep dir; None: the sweep dir.
     source_dir: str | None = None
@@ -111,7 +113,7 @@ class Settings:
     stop_grace_s: float
     retry_timed_out: bool
     # hydra.launcher.ray.init, resolved (nulls kept: "Ray's default").
-    ray_init: dict[str, Any]
+    ray_init: dict[str, Any] = field(repr=False)
     # hydra.launcher.ray.remote, the config node (resolved per job).
     ray_remote: DictConfig
 
@@ -191,7 +193,7 @@ class ClusterSettings(DetachedSettings):
     # A Ray cluster YAML file, the base that `cluster` goes on top of.
     cluster_yaml: str | None
     # hydra.launcher.ray.cluster, resolved (nulls kept: "Ray's default").
-    cluster: dict[str, Any]
+    cluster: dict[str, Any] = field(repr=False)
     run_env: str
     # hydra.launcher.env_setup.
     setup_commands: list[str]
@@ -239,11 +241,11 @@ class JobsSettings(DetachedSettings):
 
     address: str | None
     # A mapping of header names to values, as given (checked: `infra.dashboard`).
-    headers: Any
+    headers: Any = field(repr=False)
     # True, false or a CA bundle's path, as given (checked there too).
     verify: Any
     token_over_http: bool
-    runtime_env: dict[str, Any] | None
+    runtime_env: dict[str, Any] | None = field(repr=False)
     entrypoint_python: str | None
     entrypoint_num_cpus: float | None
     entrypoint_num_gpus: float | None
